@@ -1,0 +1,1 @@
+"""Backends own time and devices: sim (virtual clock), local (real processes), ray."""

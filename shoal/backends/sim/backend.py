@@ -1,0 +1,130 @@
+"""The simulator backend: a virtual clock and jobs that advance by measured profiles."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from shoal.backends.sim.job import SimJob
+from shoal.backends.sim.profile import ApplicationProfile, ProfileLibrary
+from shoal.core.types import ClusterState, JobLimits, JobStatus
+from shoal.spec.cluster import ClusterSpec
+from shoal.spec.errors import SpecError
+from shoal.spec.job import JobSpec
+
+
+class SimOracle:
+    """Ground truth of one simulated job, for oracle baselines (Optimus)."""
+
+    def __init__(self, job: SimJob, devices_per_node: int):
+        self._job = job
+        self._per_node = devices_per_node
+
+    def remaining_iterations(self, batch_size: int) -> float:
+        job, app = self._job, self._job.app
+        last = min(app.completion_epoch(batch_size), job.max_epochs - 1)
+        if last <= job.epoch:
+            return 1.0
+        return app.iterations(batch_size, last) - app.iterations(batch_size, job.epoch)
+
+    def step_time(self, num_replicas: int, batch_size: int) -> float:
+        job, lim = self._job, self._job.limits
+        placement: tuple[int, ...] = ()
+        while sum(placement) < num_replicas:
+            placement = (*placement, min(num_replicas - sum(placement), self._per_node))
+        local = math.ceil(batch_size / num_replicas - 1e-8)
+        accum = math.ceil(local / lim.max_local_bsz - 1e-8) - 1
+        if num_replicas == 1:
+            accum = max(1, accum)
+        atomic = math.ceil(local / (accum + 1) - 1e-8)
+        atomic = min(atomic, int(lim.max_batch_size / (num_replicas * (accum + 1))))
+        dtype = job.allocation.device_type if job.allocation else next(iter(job.app.devices))
+        step, sync = job.app.step_and_sync(placement, atomic, dtype)
+        return step + (step - sync) * accum
+
+
+class SimBackend:
+    def __init__(self, cluster: ClusterSpec, profiles: ProfileLibrary, restart_delay: float = 30):
+        self.spec = cluster
+        self.profiles = profiles
+        self.restart_delay = restart_delay
+        self._state = ClusterState(tuple(cluster.expand()))
+        self._now = 0.0
+        self.jobs: dict[str, SimJob] = {}
+        per_node = {n.capacity for n in self._state.nodes}
+        self._per_node = max(per_node)
+
+    # ----- Backend protocol -----
+    def now(self) -> float:
+        return self._now
+
+    def cluster(self) -> ClusterState:
+        return self._state
+
+    def admit(self, spec: JobSpec) -> JobLimits:
+        """Register a submitted job; raises SpecError when it cannot be simulated."""
+        app = self.profiles.get(spec.application)
+        missing = set(spec.device_types or []) - set(app.device_types)
+        if spec.device_types and missing == set(spec.device_types):
+            raise SpecError(
+                f"no profile of '{app.name}' for device types {sorted(missing)}; "
+                f"profiled: {app.device_types}",
+                field="device_types",
+            )
+        if spec.target_epochs and spec.target_epochs > app.available_epochs:
+            raise SpecError(
+                f"{app.name} has {app.available_epochs} profiled epochs, "
+                f"target_epochs={spec.target_epochs} is beyond them",
+                field="target_epochs",
+            )
+        limits = self._limits(spec, app)
+        job = SimJob(spec.name, app, limits, spec.submit_time, self.restart_delay,
+                     spec.target_epochs)
+        self.jobs[spec.name] = job
+        return limits
+
+    def _limits(self, spec: JobSpec, app: ApplicationProfile) -> JobLimits:
+        max_by_batch = app.max_batch_size // app.min_local_bsz
+        caps = [max_by_batch, app.defaults.max_replicas, spec.max_replicas]
+        return JobLimits(
+            init_batch_size=app.init_batch_size,
+            max_batch_size=app.max_batch_size,
+            min_local_bsz=app.min_local_bsz,
+            max_local_bsz=app.max_local_bsz,
+            max_replicas=min(c for c in caps if c is not None),
+            fixed_batch=app.defaults.fixed_batch if spec.adaptive_batch else spec.batch_size,
+        )
+
+    def oracle(self, name: str) -> SimOracle:
+        return SimOracle(self.jobs[name], self._per_node)
+
+    def observe(self) -> list[JobStatus]:
+        out = []
+        for job in self.jobs.values():
+            if job.allocation is None and job.finished_at is None and not job.measured:
+                out.append(JobStatus(job.name, job.device_seconds))
+                continue
+            out.append(
+                JobStatus(
+                    job.name,
+                    device_seconds=job.device_seconds,
+                    finished_at=job.finished_at,
+                    hints=job.hints(),
+                    batch_size=job.batch_size,
+                    extra={"epoch": job.epoch},
+                )
+            )
+        return out
+
+    def apply(self, changes) -> None:
+        for change in changes:
+            self.jobs[change.job].reallocate(change.allocation, change.batch_size)
+
+    # ----- virtual time -----
+    def advance(self, seconds: float) -> None:
+        for job in self.jobs.values():
+            job.advance(self._now, seconds)
+        self._now += seconds
+
+    def active(self, names: Sequence[str]) -> list[SimJob]:
+        return [self.jobs[n] for n in names]

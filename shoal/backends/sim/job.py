@@ -1,0 +1,174 @@
+"""One simulated training job: advances by measured step times and gradient statistics.
+
+The job behaves like a training script using shoal.train: it measures each configuration it
+runs, fits its own throughput model from those measurements only, re-chooses its batch size at
+every epoch boundary and reallocation, and reports what it learned to the scheduler.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from shoal.backends.sim.profile import ApplicationProfile
+from shoal.core.types import Allocation, JobLimits, ModelHints
+from shoal.perf.efficiency import GradStats
+from shoal.perf.goodput import GoodputModel
+from shoal.perf.throughput import PerfParams, fit_perf_params
+
+_EPS = 1e-8
+
+
+class SimJob:
+    def __init__(
+        self,
+        name: str,
+        app: ApplicationProfile,
+        limits: JobLimits,
+        submit_time: float,
+        restart_delay: float,
+        epochs: int | None = None,
+    ):
+        self.name = name
+        self.app = app
+        self.limits = limits
+        self.submit_time = submit_time
+        self.restart_delay = restart_delay
+        self.max_epochs = epochs or app.max_epochs
+        self.fixed_batch: int | None = limits.fixed_batch
+        self.allocation: Allocation | None = None
+        self.atomic_bsz = 0
+        self.accum_steps = 0
+        self.rescale_left = 0.0
+        self.epoch = 0
+        self.progress = 0.0
+        self.device_seconds = 0.0
+        self.finished_at: float | None = None
+        # Measurements per device type: (nodes, replicas, micro-batch) -> (step, sync).
+        self.measured: dict[str, dict[tuple[int, int, int], tuple[float, float]]] = {}
+        self.perf: dict[str, PerfParams] = {}
+        self._stale: set[str] = set()
+        self.grad: GradStats | None = None
+
+    # ----- model the job keeps about itself -----
+    def _perf_params(self, device_type: str) -> PerfParams | None:
+        if device_type in self._stale:
+            table = self.measured[device_type]
+            keys = np.array(list(table), dtype=float)
+            vals = np.array(list(table.values()), dtype=float)
+            self.perf[device_type] = fit_perf_params(
+                keys[:, 0], keys[:, 1], keys[:, 2], vals[:, 0] - vals[:, 1], vals[:, 0]
+            )
+            self._stale.discard(device_type)
+        return self.perf.get(device_type)
+
+    def goodput_model(self, device_type: str) -> GoodputModel | None:
+        perf = self._perf_params(device_type)
+        if perf is None or self.grad is None:
+            return None
+        lim = self.limits
+        return GoodputModel(
+            perf, self.grad, lim.init_batch_size, lim.max_batch_size,
+            lim.min_local_bsz, lim.max_local_bsz,
+        )
+
+    def hints(self) -> ModelHints:
+        models = {}
+        for dtype in self.measured:
+            model = self.goodput_model(dtype)
+            if model is not None:
+                models[dtype] = model
+        max_prof = {d: max(k[1] for k in t) for d, t in self.measured.items() if t}
+        return ModelHints(models, max_prof, self.epoch, self.epoch / self.max_epochs)
+
+    def _record(self, dtype, nodes, replicas, bsz, step, sync, grad_sqr, grad_var) -> None:
+        self.grad = GradStats(grad_sqr, grad_var)
+        table = self.measured.setdefault(dtype, {})
+        if (nodes, replicas, bsz) not in table:
+            table[(nodes, replicas, bsz)] = (step, sync)
+            self._stale.add(dtype)
+
+    # ----- batch size -----
+    def _split(self, batch_size: float, replicas: int) -> tuple[int, int]:
+        lim = self.limits
+        local = math.ceil(batch_size / replicas - _EPS)
+        accum = math.ceil(local / lim.max_local_bsz - _EPS) - 1
+        if replicas == 1 and batch_size > lim.init_batch_size:
+            accum = max(1, accum)
+        return math.ceil(local / (accum + 1) - _EPS), accum
+
+    def choose_batch(self) -> None:
+        alloc = self.allocation
+        assert alloc is not None
+        lim = self.limits
+        replicas = alloc.num_replicas
+        batch = self.fixed_batch
+        model = None if batch is not None else self.goodput_model(alloc.device_type)
+        if batch is None and model is None:
+            batch = max(lim.init_batch_size, lim.min_local_bsz * replicas)
+        if batch is not None:
+            self.atomic_bsz, self.accum_steps = self._split(batch, replicas)
+        else:
+            choice = model.optimize(len(alloc.placement), replicas)
+            self.atomic_bsz, self.accum_steps = int(choice.atomic_bsz), int(choice.accum_steps)
+        count = replicas * (self.accum_steps + 1)
+        self.atomic_bsz = min(self.atomic_bsz, int(lim.max_batch_size / count))
+
+    @property
+    def batch_size(self) -> int:
+        if self.allocation is None:
+            return 0
+        return self.allocation.num_replicas * self.atomic_bsz * (self.accum_steps + 1)
+
+    # ----- control -----
+    def reallocate(self, allocation: Allocation | None, fixed_batch: int | None) -> None:
+        if fixed_batch is not None:
+            self.fixed_batch = fixed_batch
+        self.allocation = allocation
+        if allocation is None:
+            self.atomic_bsz = 0
+            return
+        self.choose_batch()
+        self.rescale_left = self.restart_delay
+
+    # ----- time -----
+    def advance(self, now: float, seconds: float) -> None:
+        """Run for ``seconds`` starting at ``now`` (whole seconds, as a trace replays)."""
+        alloc = self.allocation
+        if alloc is None or self.finished_at is not None:
+            return
+        replicas = alloc.num_replicas
+        delay = min(self.rescale_left, seconds)
+        self.rescale_left -= delay
+        self.device_seconds += delay * replicas
+        now += delay
+        seconds -= delay
+        app = self.app
+        placement = alloc.placement
+        nodes = len(placement)
+        while seconds > 0 and self.finished_at is None:
+            batch = self.batch_size
+            step, sync = app.step_and_sync(placement, self.atomic_bsz, alloc.device_type)
+            grad_sqr, grad_var = app.grad_stats(batch, self.epoch)
+            scale = batch / self.limits.init_batch_size
+            gain = (grad_var + grad_sqr) / (grad_var / scale + grad_sqr)
+            self._record(alloc.device_type, nodes, replicas, self.atomic_bsz, step, sync,
+                         grad_sqr, grad_var)
+            step_time = step + (step - sync) * self.accum_steps
+            rate = gain / step_time
+            target = app.progress_at(self.epoch + 1)
+            if self.progress + rate * seconds < target:
+                self.progress += rate * seconds
+                self.device_seconds += seconds * replicas
+                seconds = 0
+            else:
+                self.epoch += 1
+                used = round(float((target - self.progress) / rate))
+                if self.epoch > min(app.completion_epoch(batch), self.max_epochs - 1):
+                    self.finished_at = now + used
+                self.progress = target
+                now += used
+                self.device_seconds += used * replicas
+                seconds -= used
+            self.choose_batch()

@@ -1,0 +1,1 @@
+"""The ``shoal`` command line."""

@@ -1,0 +1,23 @@
+"""Entry point of the ``shoal`` command; each command lives in its own module."""
+
+from __future__ import annotations
+
+import click
+
+from shoal import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="shoal")
+def cli() -> None:
+    """shoal: demand-aware scheduling of deep-learning jobs on shared clusters."""
+
+
+def _register() -> None:
+    from shoal.cli.sim import sim_command
+
+    cli.add_command(sim_command)
+    # Further commands are registered below, one line each.
+
+
+_register()

@@ -1,0 +1,166 @@
+"""The Pollux throughput model of data-parallel training, and its online fit.
+
+Time of one optimizer step of a job with ``r`` replicas over ``n`` nodes, micro-batch ``m`` per
+replica and ``s`` extra gradient-accumulation steps:
+
+    T_grad = alpha_c + beta_c * m                               (forward + backward)
+    T_sync = alpha_r + beta_r * max(r - 2, 0)      one node, r > 1
+           = alpha_n + beta_n * max(r - 2, 0)      n > 1 nodes
+    T_iter = s * T_grad + (T_grad^gamma + T_sync^gamma)^(1/gamma)
+
+``gamma`` in [1, 10] models how much gradient synchronization overlaps the backward pass.
+The parameters are fitted to the step times a job has actually observed, minimizing the RMS
+log error of compute and step time with small regularizers toward optimistic scaling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import astuple, dataclass
+
+import numpy as np
+import scipy.optimize
+from numpy.typing import ArrayLike
+
+_TINY = 1e-8
+
+
+@dataclass(frozen=True, slots=True)
+class PerfParams:
+    alpha_c: float
+    beta_c: float
+    alpha_n: float
+    beta_n: float
+    alpha_r: float
+    beta_r: float
+    gamma: float
+
+    def as_array(self) -> np.ndarray:
+        return np.array(astuple(self), dtype=float)
+
+
+def predict_grad_time(params: PerfParams, atomic_bsz: ArrayLike) -> np.ndarray:
+    """Forward and backward time of one micro-batch."""
+    return params.alpha_c + params.beta_c * np.asarray(atomic_bsz, dtype=float)
+
+
+def predict_sync_time(params: PerfParams, num_nodes: ArrayLike, num_replicas: ArrayLike):
+    """All-reduce time, bottlenecked by the slowest link the replicas span."""
+    nodes = np.asarray(num_nodes)
+    replicas = np.asarray(num_replicas)
+    conds = [nodes > 1, replicas > 1]
+    alpha = np.select(conds, [params.alpha_n, params.alpha_r], _TINY)
+    beta = np.select(conds, [params.beta_n, params.beta_r], _TINY)
+    return alpha + beta * np.maximum(replicas - 2, _TINY)
+
+
+def predict_step_time(
+    params: PerfParams,
+    num_nodes: ArrayLike,
+    num_replicas: ArrayLike,
+    atomic_bsz: ArrayLike,
+    accum_steps: ArrayLike = 0,
+) -> np.ndarray:
+    """Seconds per optimizer step, including ``accum_steps`` extra micro-batches."""
+    grad = predict_grad_time(params, atomic_bsz)
+    sync = predict_sync_time(params, num_nodes, num_replicas)
+    g = params.gamma
+    optim = (grad**g + sync**g) ** (1.0 / g)
+    return np.asarray(accum_steps) * grad + optim
+
+
+def _objective(theta, nodes, replicas, bsz, log_grad_obs, log_step_obs, inter, intra, retro):
+    ac, bc, an, bn, ar, br, g = theta
+    grad = ac + bc * bsz
+    sync = np.where(inter, an + bn * retro, np.where(intra, ar + br * retro, _TINY + _TINY * retro))
+    grad_g = grad**g
+    sync_g = sync**g
+    total = grad_g + sync_g
+    log_total = np.log(total)
+    log_step = log_total / g
+    d1 = np.log(grad) - log_grad_obs
+    d2 = log_step - log_step_obs
+    err1 = np.sqrt(np.mean(d1 * d1))
+    err2 = np.sqrt(np.mean(d2 * d2))
+    value = err1 + err2 + 1e-3 * (g - 1) ** 2 + 1e-2 * ((bn / an) ** 2 + (br / ar) ** 2)
+
+    count = len(bsz)
+    w1 = d1 / (count * max(err1, 1e-12))
+    w2 = d2 / (count * max(err2, 1e-12))
+    d_step_d_grad = grad ** (g - 1) / total
+    d_step_d_sync = sync ** (g - 1) / total
+    d_step_d_g = -log_total / g**2 + (grad_g * np.log(grad) + sync_g * np.log(sync)) / (g * total)
+    d_grad = w1 / grad + w2 * d_step_d_grad
+    d_sync = w2 * d_step_d_sync
+    inter_f = inter.astype(float)
+    intra_f = intra.astype(float)
+    jac = np.array(
+        [
+            np.sum(d_grad),
+            np.sum(d_grad * bsz),
+            np.sum(d_sync * inter_f) - 2e-2 * bn**2 / an**3,
+            np.sum(d_sync * inter_f * retro) + 2e-2 * bn / an**2,
+            np.sum(d_sync * intra_f) - 2e-2 * br**2 / ar**3,
+            np.sum(d_sync * intra_f * retro) + 2e-2 * br / ar**2,
+            np.sum(w2 * d_step_d_g) + 2e-3 * (g - 1),
+        ]
+    )
+    return value, jac
+
+
+def fit_perf_params(
+    num_nodes: ArrayLike,
+    num_replicas: ArrayLike,
+    atomic_bsz: ArrayLike,
+    grad_time: ArrayLike,
+    step_time: ArrayLike,
+) -> PerfParams:
+    """Fit :class:`PerfParams` to observed (compute, step) times of the given configurations.
+
+    Parameters that the observations cannot identify are pinned, as Pollux does: the constant
+    compute term when one micro-batch size was seen, the inter-node terms without multi-node
+    runs, the intra-node terms without single-node multi-replica runs, and the retrogression
+    terms without runs of more than two replicas. Without multi-node runs the inter-node terms
+    are then set to at least 1.1x the intra-node ones (a network crossing is never faster).
+    """
+    nodes = np.asarray(num_nodes, dtype=float)
+    replicas = np.asarray(num_replicas, dtype=float)
+    bsz = np.asarray(atomic_bsz, dtype=float)
+    grad_obs = np.asarray(grad_time, dtype=float)
+    step_obs = np.asarray(step_time, dtype=float)
+
+    init = [1e-1, 1e-2] * 3 + [1.0 + 1e-3]
+    lower = [_TINY, _TINY] * 3 + [1.0]
+    upper = [np.inf, np.inf] * 3 + [10.0]
+
+    def pin(index: int, value: float) -> None:
+        init[index] = lower[index] = upper[index] = value
+
+    if len(np.unique(bsz)) == 1:
+        pin(0, float(np.mean(grad_obs)) / 2)
+    if not np.any(nodes > 1):
+        pin(2, _TINY)
+        pin(3, _TINY)
+    if not np.any((nodes == 1) & (replicas > 1)):
+        pin(4, _TINY)
+        pin(5, _TINY)
+    if not np.any(replicas > 2):
+        pin(3, _TINY)
+        pin(5, _TINY)
+
+    inter = nodes > 1
+    intra = (~inter) & (replicas > 1)
+    retro = np.maximum(replicas - 2, _TINY)
+    args = (nodes, replicas, bsz, np.log(grad_obs), np.log(step_obs), inter, intra, retro)
+    result = scipy.optimize.minimize(
+        _objective,
+        np.array(init),
+        args=args,
+        jac=True,
+        method="L-BFGS-B",
+        bounds=list(zip(lower, upper, strict=True)),
+    )
+    theta = result.x.copy()
+    if not np.any(nodes > 1):
+        theta[2] = max(theta[2], theta[4] * 1.1)
+        theta[3] = max(theta[3], theta[5] * 1.1)
+    return PerfParams(*map(float, theta))

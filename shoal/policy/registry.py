@@ -1,0 +1,47 @@
+"""Policies by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from shoal.core.types import Policy
+
+
+def _fifo() -> Policy:
+    from shoal.policy.fifo import FifoPolicy
+
+    return FifoPolicy()
+
+
+def _tiresias() -> Policy:
+    from shoal.policy.tiresias import TiresiasPolicy
+
+    return TiresiasPolicy()
+
+
+def _optimus() -> Policy:
+    from shoal.policy.optimus import OptimusPolicy
+
+    return OptimusPolicy()
+
+
+def _pollux() -> Policy:
+    from shoal.policy.pollux import PolluxPolicy
+
+    return PolluxPolicy()
+
+
+POLICIES: dict[str, Callable[[], Policy]] = {
+    "fifo": _fifo,
+    "tiresias": _tiresias,
+    "optimus": _optimus,
+    "pollux": _pollux,
+}
+
+
+def make_policy(name: str) -> Policy:
+    try:
+        factory = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy '{name}'; choose from {', '.join(POLICIES)}") from None
+    return factory()

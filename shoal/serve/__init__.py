@@ -1,0 +1,1 @@
+"""Serving on the shared cluster: request-level simulator, placement, autoscaling, real server."""

@@ -1,0 +1,1 @@
+"""Discrete-event, request-level simulator of model serving."""

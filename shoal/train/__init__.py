@@ -1,0 +1,32 @@
+"""shoal.train: the library a training script imports to run elastically under shoal.
+
+    import shoal.train as st
+    st.init()
+    loader = st.ElasticDataLoader(dataset, batch_size=64, max_batch_size=512)
+    trainer = st.ElasticTrainer(model, optimizer)
+    for epoch in st.epochs(10):
+        for x, y in loader:
+            trainer.backward(loss_fn(trainer.model(x), y))
+            trainer.step()
+
+See docs/training.md for the environment contract and the resize protocol.
+"""
+
+from shoal.train.context import EXIT_CHECKPOINTED, Context, current, init, shutdown
+from shoal.train.data import ElasticDataLoader
+from shoal.train.env import TrainEnv, TrainEnvError
+from shoal.train.epochs import epochs
+from shoal.train.trainer import ElasticTrainer
+
+__all__ = [
+    "EXIT_CHECKPOINTED",
+    "Context",
+    "ElasticDataLoader",
+    "ElasticTrainer",
+    "TrainEnv",
+    "TrainEnvError",
+    "current",
+    "epochs",
+    "init",
+    "shutdown",
+]

@@ -18,6 +18,8 @@ def _register() -> None:
 
     cli.add_command(sim_command)
     # Further commands are registered below, one line each.
+    cli.add_command(__import__("shoal.cli.serve", fromlist=["x"]).serve_sim_command)
+    cli.add_command(__import__("shoal.cli.plan", fromlist=["plan_command"]).plan_command)
 
 
 _register()

@@ -12,6 +12,7 @@ from shoal.perf.throughput import PerfParams, predict_step_time
 
 _EPS = 1e-8
 _BATCH_CANDIDATES = 50
+_GEOM_STEPS = np.linspace(0.0, 1.0, _BATCH_CANDIDATES)[:, None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +61,7 @@ class GoodputModel:
         nodes = np.broadcast_to(num_nodes, shape).flatten()
         replicas = np.broadcast_to(num_replicas, shape).flatten()
         min_batch = np.maximum(self.init_batch_size, self.min_atomic_bsz * replicas)
-        batch = np.geomspace(min_batch, self.max_batch_size, _BATCH_CANDIDATES)
+        batch = min_batch * (self.max_batch_size / min_batch) ** _GEOM_STEPS
         local = batch / replicas
         if accumulation:
             accum = np.ceil(local / self.max_atomic_bsz - _EPS) - 1

@@ -280,18 +280,36 @@ def fsdp_unit_buffer_bytes(model: GPTConfig, cfg: ParallelConfig) -> float:
     return unit * (2 * cfg.precision.param_bytes + cfg.precision.grad_bytes)
 
 
-def plan_memory(model: GPTConfig, cfg: ParallelConfig) -> MemoryEstimate:
-    """Peak bytes on the most loaded device: first or last pipeline stage, whichever is larger."""
-    estimates = []
-    stages = [(True, cfg.pp == 1)] if cfg.pp == 1 else [(True, False), (False, True)]
-    for first, last in stages:
-        params = _stage_parameters(model, cfg, first, last)
-        states = model_state_bytes(params, cfg.zero_stage, cfg.dp, cfg.precision, cfg.offload)
+_ACTIVATION_CACHE: dict[tuple, tuple[float, float]] = {}
+
+
+def _activation_side(model: GPTConfig, cfg: ParallelConfig, first: bool,
+                     last: bool) -> tuple[float, float]:
+    """(saved activations, backward transient) on one stage; independent of ZeRO and offload."""
+    key = (model, cfg.tp, cfg.pp, cfg.virtual_stages, cfg.micro_batch, cfg.num_microbatches,
+           cfg.recompute, cfg.recompute_fraction, cfg.sequence_parallel, cfg.flash_attention,
+           cfg.precision, first, last)
+    cached = _ACTIVATION_CACHE.get(key)
+    if cached is None:
+        if len(_ACTIVATION_CACHE) > 100_000:
+            _ACTIVATION_CACHE.clear()
         in_flight = (in_flight_microbatches(cfg.pp, cfg.num_microbatches, cfg.virtual_stages)
                      if first else 1.0)
         activations = in_flight * activation_bytes_per_microbatch(model, cfg, first, last)
+        cached = (activations, _backward_transient(model, cfg, last))
+        _ACTIVATION_CACHE[key] = cached
+    return cached
+
+
+def plan_memory(model: GPTConfig, cfg: ParallelConfig) -> MemoryEstimate:
+    """Peak bytes on the most loaded device: first or last pipeline stage, whichever is larger."""
+    estimates = []
+    stages = [(True, True)] if cfg.pp == 1 else [(True, False), (False, True)]
+    for first, last in stages:
+        params = _stage_parameters(model, cfg, first, last)
+        states = model_state_bytes(params, cfg.zero_stage, cfg.dp, cfg.precision, cfg.offload)
+        activations, bwd = _activation_side(model, cfg, first, last)
         buffers = fsdp_unit_buffer_bytes(model, cfg)
-        bwd = _backward_transient(model, cfg, last)
         opt = _optimizer_transient(model, cfg, cfg.offload)
         # Gradients are present during backward only when an earlier micro-batch left them.
         grads_in_backward = states.grads if (cfg.num_microbatches > 1 or cfg.pp > 1) else 0.0

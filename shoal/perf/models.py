@@ -107,7 +107,9 @@ def parse_gpt_spec(text: str) -> GPTConfig:
         try:
             fields[key] = int(value)
         except ValueError:
-            raise SpecError(f"{key} must be an integer, got {value!r}", field=f"model.{key}") from None
+            raise SpecError(
+                f"{key} must be an integer, got {value!r}", field=f"model.{key}"
+            ) from None
     missing = [k for k in GPTConfig.__dataclass_fields__ if k not in fields]
     if missing:
         raise SpecError(f"missing {', '.join(missing)}", field="model")

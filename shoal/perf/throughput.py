@@ -15,6 +15,7 @@ log error of compute and step time with small regularizers toward optimistic sca
 
 from __future__ import annotations
 
+import math
 from dataclasses import astuple, dataclass
 
 import numpy as np
@@ -47,9 +48,10 @@ def predict_sync_time(params: PerfParams, num_nodes: ArrayLike, num_replicas: Ar
     """All-reduce time, bottlenecked by the slowest link the replicas span."""
     nodes = np.asarray(num_nodes)
     replicas = np.asarray(num_replicas)
-    conds = [nodes > 1, replicas > 1]
-    alpha = np.select(conds, [params.alpha_n, params.alpha_r], _TINY)
-    beta = np.select(conds, [params.beta_n, params.beta_r], _TINY)
+    inter = nodes > 1
+    intra = replicas > 1
+    alpha = np.where(inter, params.alpha_n, np.where(intra, params.alpha_r, _TINY))
+    beta = np.where(inter, params.beta_n, np.where(intra, params.beta_r, _TINY))
     return alpha + beta * np.maximum(replicas - 2, _TINY)
 
 
@@ -68,40 +70,40 @@ def predict_step_time(
     return np.asarray(accum_steps) * grad + optim
 
 
-def _objective(theta, nodes, replicas, bsz, log_grad_obs, log_step_obs, inter, intra, retro):
-    ac, bc, an, bn, ar, br, g = theta
+def _objective(theta, bsz, log_grad_obs, log_step_obs, inter, intra, single, retro):
+    # Hot path of every refit: plain float arithmetic on the parameters, few array ops.
+    ac, bc, an, bn, ar, br, g = (float(v) for v in theta)
     grad = ac + bc * bsz
-    sync = np.where(inter, an + bn * retro, np.where(intra, ar + br * retro, _TINY + _TINY * retro))
-    grad_g = grad**g
-    sync_g = sync**g
+    sync = inter * (an + bn * retro) + intra * (ar + br * retro) + single * (_TINY + _TINY * retro)
+    log_grad = np.log(grad)
+    log_sync = np.log(sync)
+    grad_g = np.exp(g * log_grad)
+    sync_g = np.exp(g * log_sync)
     total = grad_g + sync_g
     log_total = np.log(total)
-    log_step = log_total / g
-    d1 = np.log(grad) - log_grad_obs
-    d2 = log_step - log_step_obs
-    err1 = np.sqrt(np.mean(d1 * d1))
-    err2 = np.sqrt(np.mean(d2 * d2))
+    d1 = log_grad - log_grad_obs
+    d2 = log_total / g - log_step_obs
+    count = len(bsz)
+    err1 = math.sqrt(d1.dot(d1) / count)
+    err2 = math.sqrt(d2.dot(d2) / count)
     value = err1 + err2 + 1e-3 * (g - 1) ** 2 + 1e-2 * ((bn / an) ** 2 + (br / ar) ** 2)
 
-    count = len(bsz)
     w1 = d1 / (count * max(err1, 1e-12))
     w2 = d2 / (count * max(err2, 1e-12))
-    d_step_d_grad = grad ** (g - 1) / total
-    d_step_d_sync = sync ** (g - 1) / total
-    d_step_d_g = -log_total / g**2 + (grad_g * np.log(grad) + sync_g * np.log(sync)) / (g * total)
-    d_grad = w1 / grad + w2 * d_step_d_grad
-    d_sync = w2 * d_step_d_sync
-    inter_f = inter.astype(float)
-    intra_f = intra.astype(float)
+    d_grad = w1 / grad + w2 * (grad_g / grad) / total
+    d_sync = w2 * (sync_g / sync) / total
+    d_g = w2.dot(-log_total / g**2 + (grad_g * log_grad + sync_g * log_sync) / (g * total))
+    d_sync_inter = d_sync * inter
+    d_sync_intra = d_sync * intra
     jac = np.array(
         [
-            np.sum(d_grad),
-            np.sum(d_grad * bsz),
-            np.sum(d_sync * inter_f) - 2e-2 * bn**2 / an**3,
-            np.sum(d_sync * inter_f * retro) + 2e-2 * bn / an**2,
-            np.sum(d_sync * intra_f) - 2e-2 * br**2 / ar**3,
-            np.sum(d_sync * intra_f * retro) + 2e-2 * br / ar**2,
-            np.sum(w2 * d_step_d_g) + 2e-3 * (g - 1),
+            d_grad.sum(),
+            d_grad.dot(bsz),
+            d_sync_inter.sum() - 2e-2 * bn**2 / an**3,
+            d_sync_inter.dot(retro) + 2e-2 * bn / an**2,
+            d_sync_intra.sum() - 2e-2 * br**2 / ar**3,
+            d_sync_intra.dot(retro) + 2e-2 * br / ar**2,
+            d_g + 2e-3 * (g - 1),
         ]
     )
     return value, jac
@@ -113,6 +115,7 @@ def fit_perf_params(
     atomic_bsz: ArrayLike,
     grad_time: ArrayLike,
     step_time: ArrayLike,
+    warm_start: PerfParams | None = None,
 ) -> PerfParams:
     """Fit :class:`PerfParams` to observed (compute, step) times of the given configurations.
 
@@ -121,6 +124,9 @@ def fit_perf_params(
     runs, the intra-node terms without single-node multi-replica runs, and the retrogression
     terms without runs of more than two replicas. Without multi-node runs the inter-node terms
     are then set to at least 1.1x the intra-node ones (a network crossing is never faster).
+
+    ``warm_start`` (the previous fit of the same job) starts the search there instead of at
+    the generic initial point: refits after one more observation then take a few iterations.
     """
     nodes = np.asarray(num_nodes, dtype=float)
     replicas = np.asarray(num_replicas, dtype=float)
@@ -147,10 +153,16 @@ def fit_perf_params(
         pin(3, _TINY)
         pin(5, _TINY)
 
-    inter = nodes > 1
-    intra = (~inter) & (replicas > 1)
+    if warm_start is not None:
+        init = [
+            float(np.clip(v, lo, hi))
+            for v, lo, hi in zip(warm_start.as_array(), lower, upper, strict=True)
+        ]
+    inter = (nodes > 1).astype(float)
+    intra = ((nodes <= 1) & (replicas > 1)).astype(float)
+    single = 1.0 - inter - intra
     retro = np.maximum(replicas - 2, _TINY)
-    args = (nodes, replicas, bsz, np.log(grad_obs), np.log(step_obs), inter, intra, retro)
+    args = (bsz, np.log(grad_obs), np.log(step_obs), inter, intra, single, retro)
     result = scipy.optimize.minimize(
         _objective,
         np.array(init),
@@ -158,6 +170,7 @@ def fit_perf_params(
         jac=True,
         method="L-BFGS-B",
         bounds=list(zip(lower, upper, strict=True)),
+        options={"ftol": 1e-7},
     )
     theta = result.x.copy()
     if not np.any(nodes > 1):

@@ -102,6 +102,27 @@ class PolluxPolicy:
             decision[job.view.name] = Grant(len(node_ids), dtype, node_ids)
         return decision
 
+    def objective(self, decision: Decision, jobs: Sequence[JobView],
+                  cluster: ClusterState) -> float:
+        """The power mean (p = -1) this policy maximizes, for any decision."""
+        dtype = cluster.device_types[0]
+        nodes = cluster.nodes_of(dtype)
+        scale = len(nodes) / cluster.capacity(dtype)
+        total = 0.0
+        for job in self._jobs(jobs, cluster, dtype):
+            grant = decision.get(job.view.name)
+            alloc: dict[int, int] = {}
+            for n in grant.nodes if grant and grant.nodes else ():
+                alloc[n] = alloc.get(n, 0) + 1
+            value = 0.0
+            if alloc:
+                r = sum(alloc.values())
+                value = float(job.raw_speedup(np.array([len(alloc)]), np.array([r]))[0]) * scale
+                if alloc != job.current:
+                    value *= job.factor
+            total += 1.0 / (value + _EPS)
+        return len(jobs) / total
+
     # ----- phase 1: device counts -----
     def _cost_table(self, state: list[_Job], width: int, per_node: int, scale: float):
         table = np.full((len(state), width + 1), np.inf)
@@ -123,28 +144,42 @@ class PolluxPolicy:
         width = max(width, max(sum(j.current.values()) for j in state))
         table = self._cost_table(state, width, per_node, scale)
         counts = np.zeros(len(state), dtype=int)
-        free = capacity
         cols = np.arange(width + 1)
-        rows = np.arange(len(state))
+        need = -(-cols // per_node)
+        free = capacity
+        dist_nodes = 0
+
+        def row_best(j: int) -> tuple[float, int]:
+            have = counts[j]
+            own = need[have] if have > per_node else 0
+            ok = (cols > have) & (cols - have <= free) & np.isfinite(table[j])
+            ok &= (cols <= per_node) | (dist_nodes - own + need <= num_nodes)
+            if not ok.any():
+                return -np.inf, have
+            ratio = np.where(ok, (table[j, have] - table[j]) / np.maximum(cols - have, 1), -np.inf)
+            r = int(np.argmax(ratio))
+            return float(ratio[r]), r
+
+        # Cached bests only lose candidates as devices run out, so a cached best that is still
+        # feasible is exact; an infeasible one is recomputed before it can be chosen.
+        best = [row_best(j) for j in range(len(state))]
         while free > 0:
-            base = table[rows, counts]
-            extra = cols[None, :] - counts[:, None]
-            with np.errstate(invalid="ignore", divide="ignore"):
-                ratio = (base[:, None] - table) / extra
-            ratio[(extra <= 0) | (extra > free) | ~np.isfinite(ratio)] = -np.inf
-            # Multi-node jobs each need their own nodes.
-            dist_nodes = sum(-(-c // per_node) for c in counts if c > per_node)
-            need = -(-cols // per_node)
-            own = np.where(counts > per_node, -(-counts // per_node), 0)
-            too_many = (cols[None, :] > per_node) & (
-                dist_nodes - own[:, None] + need[None, :] > num_nodes
-            )
-            ratio[too_many] = -np.inf
-            j, r = np.unravel_index(np.argmax(ratio), ratio.shape)
-            if not ratio[j, r] > 0:
+            j = max(range(len(state)), key=lambda i: best[i][0])
+            ratio, r = best[j]
+            if not ratio > 0:
                 break
-            free -= r - counts[j]
+            have = counts[j]
+            own = need[have] if have > per_node else 0
+            feasible = r - have <= free and (
+                r <= per_node or dist_nodes - own + need[r] <= num_nodes
+            )
+            if not feasible:
+                best[j] = row_best(j)
+                continue
+            free -= r - have
+            dist_nodes += (need[r] if r > per_node else 0) - own
             counts[j] = r
+            best[j] = row_best(j)
         return counts
 
     # ----- phase 2: nodes -----

@@ -78,7 +78,7 @@ ZOO: dict[str, ModelArch] = {
     )
 }
 
-DEFAULT_MIX = ("opt-6.7b", "opt-2.7b", "opt-1.3b")
+DEFAULT_MIX = ("opt-6.7b",)
 
 
 def model_mix(num_models: int, names: Sequence[str] = DEFAULT_MIX) -> list[ModelArch]:

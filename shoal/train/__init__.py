@@ -12,7 +12,7 @@
 See docs/training.md for the environment contract and the resize protocol.
 """
 
-from shoal.train.context import EXIT_CHECKPOINTED, Context, current, init, shutdown
+from shoal.train.context import EXIT_CHECKPOINTED, Context, current, init, log, shutdown
 from shoal.train.data import ElasticDataLoader
 from shoal.train.env import TrainEnv, TrainEnvError
 from shoal.train.epochs import epochs
@@ -28,5 +28,6 @@ __all__ = [
     "current",
     "epochs",
     "init",
+    "log",
     "shutdown",
 ]

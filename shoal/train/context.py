@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from shoal.train.data import ElasticDataLoader
     from shoal.train.trainer import ElasticTrainer
 
-log = logging.getLogger("shoal.train")
+logger = logging.getLogger("shoal.train")
 
 EXIT_CHECKPOINTED = 3
 """Exit code of every rank after a requested checkpoint: "restart me, I can resume"."""
@@ -125,7 +125,7 @@ def init(
     )
     store.register("epochs", ctx.epochs)
     if ctx.restored and env.rank == 0:
-        log.info("shoal: restored checkpoint %s (%s)", store.path, store.meta)
+        logger.info("shoal: restored checkpoint %s (%s)", store.path, store.meta)
     _context = ctx
     return ctx
 
@@ -135,6 +135,12 @@ def current() -> Context:
     if _context is None:
         raise RuntimeError("call shoal.train.init() before using shoal.train objects")
     return _context
+
+
+def log(message: str) -> None:
+    """Print on rank 0 only (flushed, so a backend's log file shows progress live)."""
+    if _context is None or _context.rank == 0:
+        print(message, flush=True)
 
 
 def shutdown() -> None:

@@ -1,19 +1,16 @@
-"""Apply a parallel plan to a real PyTorch model, and the reference GPT the planner's formulas describe.
+"""The reference GPT whose memory the planner's formulas describe exactly.
 
-``ReferenceGPT`` follows the layout of Korthikanti et al. 2022 exactly (pre-norm blocks, one QKV
+``ReferenceGPT`` follows the layout of Korthikanti et al. 2022 (pre-norm blocks, one QKV
 projection, a 4h GELU MLP, dropout after attention probabilities, attention output and MLP, a tied
 output layer and a float32 cross-entropy), with dropout through ``torch.native_dropout`` so every
-mask is one byte as the formulas assume. ``apply_plan`` turns on what a plan asks for: full or
-selective activation checkpointing (for all or a fraction of the layers), FSDP sharding
-(ZeRO-3, or gradient + optimizer sharding for ZeRO-2), and micro-batching with gradient
-accumulation.
+mask is one byte as the formulas assume. Full recomputation (``torch.utils.checkpoint``) is
+switched on per layer through ``full_recompute`` and selective recomputation of the attention core
+through ``Block.selective``. Applying a whole plan (FSDP, accumulation) is not implemented yet.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -21,8 +18,6 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from shoal.perf.models import GPTConfig
-
-RECOMPUTE_POLICIES = ("none", "selective", "full")
 
 
 def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -81,7 +76,7 @@ class Block(nn.Module):
 
 
 class ReferenceGPT(nn.Module):
-    """A GPT laid out as the memory formulas assume; ``forward(tokens, targets)`` returns the loss."""
+    """A GPT laid out as the memory formulas assume; ``forward(tokens, targets)`` gives the loss."""
 
     def __init__(self, config: GPTConfig, dropout: float = 0.1):
         super().__init__()

@@ -199,13 +199,13 @@ class ElasticTrainer:
         buffer = bucket.buffer()
         measure = self._measure
         if measure:
-            self._local_parts.append(torch.linalg.vector_norm(buffer, dtype=torch.float64))
+            self._local_parts.append(torch.linalg.vector_norm(buffer))
         future = dist.all_reduce(buffer, async_op=True).get_future()  # type: ignore[union-attr]
 
         def reduced(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
             out = fut.value()[0]
             if measure:
-                self._total_parts.append(torch.linalg.vector_norm(out, dtype=torch.float64))
+                self._total_parts.append(torch.linalg.vector_norm(out))
             return out
 
         return future.then(reduced)
@@ -235,6 +235,9 @@ class ElasticTrainer:
         now = time.monotonic()
         resize = ctx.resize.requested()
         due = self._checkpoint_due(now) if ctx.rank == 0 else False
+        if due:
+            # The save happens at the next boundary (or now with one rank); do not ask twice.
+            self._last_checkpoint = (now, self.steps)
         new_bsz = 0
         if ctx.rank == 0 and ctx.reporter.requested_batch_size is not None:
             new_bsz, ctx.reporter.requested_batch_size = ctx.reporter.requested_batch_size, None
@@ -245,7 +248,7 @@ class ElasticTrainer:
         local_sqr, pieces = 0.0, 0.0
         share = plan.shares[ctx.rank]
         if self._measure and share > 0 and self._local_parts:
-            local_sqr = float(sum(p**2 for p in self._local_parts)) * (plan.batch_size / share) ** 2
+            local_sqr = sum(float(p) ** 2 for p in self._local_parts) * (plan.batch_size / share) ** 2
             pieces = 1.0
         control = torch.tensor(
             [float(resize), float(due), float(new_bsz), local_sqr, pieces],
@@ -254,7 +257,7 @@ class ElasticTrainer:
         )
         previous = self._settle_pending()
         if self._measure and self._total_parts:
-            total_sqr = float(sum(p**2 for p in self._total_parts))
+            total_sqr = sum(float(p) ** 2 for p in self._total_parts)
             nonempty = [s for s in plan.shares if s > 0]
             inv_mean = sum(1.0 / s for s in nonempty) / len(nonempty)
         else:
@@ -391,6 +394,22 @@ class ElasticTrainer:
         if self._ctx.world_size > 1:
             self._settle_pending()
         self._send_report(done=True)
+
+    def describe(self) -> str:
+        """One line for logs: replicas, batch size, LR factor, gradient noise scale."""
+        ctx = self._ctx
+        stats = self.grad_stats
+        batch = ctx.loader.batch_size if ctx.loader is not None else None
+        init = ctx.loader.init_batch_size if ctx.loader is not None else 1
+        noise = "-"
+        if stats is not None:
+            phi = stats.noise_scale(init)
+            noise = f"{phi:.0f}" if phi < 1e9 else "inf"
+        return (
+            f"replicas={ctx.world_size} batch={batch} lr_factor={self.last_lr_factor:.2f} "
+            f"noise_scale={noise} step={self.steps} "
+            f"elapsed={time.monotonic() - self._started:.1f}s"
+        )
 
     # -- checkpoint -------------------------------------------------------------------------
     _restored_samples = 0

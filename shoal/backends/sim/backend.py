@@ -51,6 +51,7 @@ class SimBackend:
         self._state = ClusterState(tuple(cluster.expand()))
         self._now = 0.0
         self.jobs: dict[str, SimJob] = {}
+        self._reported_done: set[str] = set()
         per_node = {n.capacity for n in self._state.nodes}
         self._per_node = max(per_node)
 
@@ -101,8 +102,13 @@ class SimBackend:
     def observe(self) -> list[JobStatus]:
         out = []
         for job in self.jobs.values():
+            if job.name in self._reported_done:
+                continue
+            if job.finished_at is not None:
+                self._reported_done.add(job.name)
             if job.allocation is None and job.finished_at is None and not job.measured:
-                out.append(JobStatus(job.name, job.device_seconds))
+                if job.submit_time <= self._now:
+                    out.append(JobStatus(job.name, job.device_seconds))
                 continue
             out.append(
                 JobStatus(

@@ -29,6 +29,7 @@ class SimJob:
         submit_time: float,
         restart_delay: float,
         epochs: int | None = None,
+        warm_start_fits: bool = True,
     ):
         self.name = name
         self.app = app
@@ -50,6 +51,10 @@ class SimJob:
         self.perf: dict[str, PerfParams] = {}
         self._stale: set[str] = set()
         self.grad: GradStats | None = None
+        self.warm_start_fits = warm_start_fits
+        self.max_profiled: dict[str, int] = {}
+        self._hints: ModelHints | None = None
+        self._batch_memo: tuple | None = None
 
     # ----- model the job keeps about itself -----
     def _perf_params(self, device_type: str) -> PerfParams | None:
@@ -58,7 +63,8 @@ class SimJob:
             keys = np.array(list(table), dtype=float)
             vals = np.array(list(table.values()), dtype=float)
             self.perf[device_type] = fit_perf_params(
-                keys[:, 0], keys[:, 1], keys[:, 2], vals[:, 0] - vals[:, 1], vals[:, 0]
+                keys[:, 0], keys[:, 1], keys[:, 2], vals[:, 0] - vals[:, 1], vals[:, 0],
+                warm_start=self.perf.get(device_type) if self.warm_start_fits else None,
             )
             self._stale.discard(device_type)
         return self.perf.get(device_type)
@@ -74,20 +80,27 @@ class SimJob:
         )
 
     def hints(self) -> ModelHints:
-        models = {}
-        for dtype in self.measured:
-            model = self.goodput_model(dtype)
-            if model is not None:
-                models[dtype] = model
-        max_prof = {d: max(k[1] for k in t) for d, t in self.measured.items() if t}
-        return ModelHints(models, max_prof, self.epoch, self.epoch / self.max_epochs)
+        if self._hints is None:
+            models = {}
+            for dtype in self.measured:
+                model = self.goodput_model(dtype)
+                if model is not None:
+                    models[dtype] = model
+            self._hints = ModelHints(
+                models, dict(self.max_profiled), self.epoch, self.epoch / self.max_epochs
+            )
+        return self._hints
 
     def _record(self, dtype, nodes, replicas, bsz, step, sync, grad_sqr, grad_var) -> None:
-        self.grad = GradStats(grad_sqr, grad_var)
+        if self.grad is None or (self.grad.sqr, self.grad.var) != (grad_sqr, grad_var):
+            self.grad = GradStats(grad_sqr, grad_var)
+            self._hints = None
         table = self.measured.setdefault(dtype, {})
         if (nodes, replicas, bsz) not in table:
             table[(nodes, replicas, bsz)] = (step, sync)
+            self.max_profiled[dtype] = max(self.max_profiled.get(dtype, 0), replicas)
             self._stale.add(dtype)
+            self._hints = None
 
     # ----- batch size -----
     def _split(self, batch_size: float, replicas: int) -> tuple[int, int]:
@@ -110,8 +123,12 @@ class SimJob:
         if batch is not None:
             self.atomic_bsz, self.accum_steps = self._split(batch, replicas)
         else:
-            choice = model.optimize(len(alloc.placement), replicas)
-            self.atomic_bsz, self.accum_steps = int(choice.atomic_bsz), int(choice.accum_steps)
+            # The choice only changes when the model or the allocation does.
+            key = (model.perf, model.grad, len(alloc.placement), replicas)
+            if self._batch_memo is None or self._batch_memo[0] != key:
+                choice = model.optimize(len(alloc.placement), replicas)
+                self._batch_memo = (key, int(choice.atomic_bsz), int(choice.accum_steps))
+            self.atomic_bsz, self.accum_steps = self._batch_memo[1], self._batch_memo[2]
         count = replicas * (self.accum_steps + 1)
         self.atomic_bsz = min(self.atomic_bsz, int(lim.max_batch_size / count))
 
@@ -164,6 +181,7 @@ class SimJob:
                 seconds = 0
             else:
                 self.epoch += 1
+                self._hints = None
                 used = round(float((target - self.progress) / rate))
                 if self.epoch > min(app.completion_epoch(batch), self.max_epochs - 1):
                     self.finished_at = now + used

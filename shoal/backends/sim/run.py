@@ -7,8 +7,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from shoal.backends.sim.backend import SimBackend
+from shoal.backends.sim.isolated import isolated_jct
 from shoal.backends.sim.profile import ProfileLibrary
 from shoal.core.scheduler import RoundStats, Scheduler
 from shoal.core.state import JobRecord
@@ -46,6 +48,14 @@ def simulate(
     job at its user batch size. ``seed`` seeds Python's and NumPy's global generators for any
     randomized policy; the simulator itself is deterministic.
     """
+    # Small BLAS calls (model fits) are several times slower with threads on few cores.
+    with threadpool_limits(limits=1):
+        return _simulate(jobs, policy, cluster, profiles, interval, restart_delay, seed,
+                         max_time, on_round)
+
+
+def _simulate(jobs, policy, cluster, profiles, interval, restart_delay, seed, max_time,
+              on_round) -> SimResult:
     random.seed(seed)
     np.random.seed(seed)
     backend = SimBackend(cluster, profiles, restart_delay=restart_delay)
@@ -64,7 +74,7 @@ def simulate(
             done = len(scheduler.records) - len(scheduler.unfinished())
             on_round(backend.now(), done, len(scheduler.records))
     scheduler.observe()
-    return SimResult(
+    result = SimResult(
         policy=policy.name,
         cluster=cluster,
         records=list(scheduler.records.values()),
@@ -72,3 +82,26 @@ def simulate(
         end_time=backend.now(),
         timed_out=timed_out,
     )
+    result.isolated_jct = _isolated_jcts(result, backend)
+    return result
+
+
+def _isolated_jcts(result: SimResult, backend: SimBackend) -> dict[str, float]:
+    """Each finished job's JCT alone on 1/n of the cluster (n: its average contention)."""
+    capacity = result.cluster.total_devices
+    per_node = max(n.capacity for n in backend.cluster().nodes)
+    out = {}
+    for rec in result.records:
+        if rec.finish_time is None or rec.limits is None or rec.failure:
+            continue
+        window = [r.active_jobs for r in result.rounds
+                  if rec.spec.submit_time <= r.time <= rec.finish_time]
+        contention = max(sum(window) / len(window), 1.0) if window else 1.0
+        share = max(1, int(capacity / contention))
+        job = backend.jobs[rec.name]
+        dtype = rec.history[0][1].device_type if rec.history and rec.history[0][1] else (
+            job.app.device_types[0])
+        batch = rec.spec.batch_size or rec.limits.init_batch_size
+        out[rec.name] = isolated_jct(job.app, rec.limits, batch, share, per_node, dtype,
+                                     backend.restart_delay, rec.spec.target_epochs)
+    return out

@@ -48,7 +48,9 @@ class SimGroup:
     in_flight: int = 0
     busy_s: float = 0.0
     wakes: set[float] = field(default_factory=set)
-    alone: dict[int, float] = field(default_factory=dict)  # request -> stage time served alone
+    # Per-model list over all requests: stage time of that request served alone (lazily filled
+    # when absent; placement search passes cached lists shared by groups of the same shape).
+    alone: dict[int, list[float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.queues = {m: deque() for m in self.latency}
@@ -82,6 +84,11 @@ class SimResult:
     batch_sizes: list[int]
 
 
+def alone_times(latency: BatchLatency, models: Sequence[int], model: int) -> list[float]:
+    """Stage time of each request of ``model`` served alone (0 for other models' requests)."""
+    return [latency((r,)) if m == model else 0.0 for r, m in enumerate(models)]
+
+
 Controller = Callable[[float, "Engine"], None]
 
 
@@ -105,19 +112,22 @@ class Engine:
         self.now = 0.0
         self._events: list[tuple[float, int, int, int]] = []  # (time, seq, kind, group index)
         self._seq = 0
-        self._device_log: list[tuple[float, int]] = []
+        self._device_log: list[tuple[float, int, SimGroup]] = []
         self._by_id: dict[int, SimGroup] = {}
         self._completions: list[tuple[float, int, int]] = []  # (finish, group id, batch size)
 
     # ---- groups -------------------------------------------------------------------------
     def add_group(self, group: SimGroup) -> SimGroup:
+        for m, latency in group.latency.items():
+            if m not in group.alone:
+                group.alone[m] = alone_times(latency, self.model, m)
         group.started_at = max(group.started_at, self.now)
         group.stage_free = [group.started_at] * group.stages
         self.groups.append(group)
         self._by_id[id(group)] = group
         for m in group.latency:
             self.hosts.setdefault(m, []).append(group)
-        self._device_log.append((self.now, group.devices))
+        self._device_log.append((group.started_at if group.device_ids else self.now, 1, group))
         return group
 
     def retire_group(self, group: SimGroup) -> None:
@@ -127,7 +137,7 @@ class Engine:
         group.retired_at = self.now
         for m in group.latency:
             self.hosts[m].remove(group)
-        self._device_log.append((self._drain_time(group), -group.devices))
+        self._device_log.append((self._drain_time(group), -1, group))
 
     def _drain_time(self, group: SimGroup) -> float:
         # Queued requests are still served; approximate the release time by the queued work.
@@ -180,16 +190,22 @@ class Engine:
                          device_seconds, peak, self.groups, self.batch_sizes)
 
     def _device_usage(self) -> tuple[float, int]:
+        """(device-seconds, peak devices in use); a device counts once however many groups on
+        it overlap (a retiring and a replacing group on the same device)."""
         end = max([self.now, *(g.stage_free[-1] for g in self.groups)])
-        log = sorted(self._device_log)
-        used = 0
-        peak = 0
-        area = 0.0
-        last = 0.0
-        for time, delta in log:
-            area += used * (min(time, end) - last)
-            last = min(time, end)
-            used += delta
+        log = sorted(self._device_log, key=lambda e: (e[0], e[1]))
+        holders: dict[object, int] = {}
+        used = peak = 0
+        area = last = 0.0
+        for time, delta, group in log:
+            time = min(time, end)
+            area += used * (time - last)
+            last = time
+            for device in group.device_ids or [("anon", id(group), k)
+                                               for k in range(group.devices)]:
+                before = holders.get(device, 0)
+                holders[device] = before + delta
+                used += (holders[device] > 0) - (before > 0)
             peak = max(peak, used)
         area += used * (end - last)
         return area, peak
@@ -201,9 +217,7 @@ class Engine:
         best: SimGroup | None = None
         best_finish = math.inf
         for group in self.hosts.get(m, ()):
-            alone = group.alone.get(r)
-            if alone is None:
-                alone = group.alone[r] = group.latency[m]((r,))
+            alone = group.alone[m][r]
             start = max(now, group.stage_free[0], group.ready_at[m])
             finish = start + group.queued_work + alone * group.stages
             if finish < best_finish:
@@ -213,10 +227,10 @@ class Engine:
             return  # no replica of this model: counted as a miss
         if self.batching.admission:
             start = max(now, best.stage_free[0], best.ready_at[m])
-            if start + best.alone[r] * best.stages > self.deadline[r]:
+            if start + best.alone[m][r] * best.stages > self.deadline[r]:
                 return
         best.queues[m].append(r)
-        best.queued_work += best.alone[r]
+        best.queued_work += best.alone[m][r]
         self._try_launch(best)
 
     # ---- batching -----------------------------------------------------------------------
@@ -235,7 +249,7 @@ class Engine:
             queue = group.queues[model]
             lat = group.latency[model]
             if cfg.admission:
-                alone = group.alone
+                alone = group.alone[model]
                 while queue and now + alone[queue[0]] * group.stages > self.deadline[queue[0]]:
                     group.queued_work -= alone[queue.popleft()]
                 if not queue:
@@ -245,8 +259,9 @@ class Engine:
                 self._wake_at(group, oldest + cfg.max_wait_s)
                 return
             batch = [queue.popleft() for _ in range(min(cfg.max_batch, len(queue)))]
+            alone = group.alone[model]
             for r in batch:
-                group.queued_work -= group.alone[r]
+                group.queued_work -= alone[r]
             stage_time = lat(batch)
             if cfg.admission:
                 while batch:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import csv
 from dataclasses import dataclass, replace
-from functools import cached_property
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +61,15 @@ class Workload:
         """The requests arriving in [start_s, end_s)."""
         lo, hi = np.searchsorted(self.arrival_s, [start_s, end_s])
         return self._take(slice(lo, hi))
+
+    def sample_windows(self, window_s: float, keep_every: int) -> tuple[Workload, np.ndarray]:
+        """Every ``keep_every``-th window of ``window_s`` seconds, closed up in time: a shorter
+        workload with the same burst structure inside windows. Returns it and the kept indices."""
+        window = np.floor((self.arrival_s - self.arrival_s[0]) / window_s).astype(np.int64)
+        keep = np.flatnonzero(window % keep_every == 0)
+        shift = (window[keep] - window[keep] // keep_every) * window_s
+        sampled = self._take(keep)
+        return replace(sampled, arrival_s=sampled.arrival_s - shift), keep
 
     def head(self, n: int) -> Workload:
         return self._take(slice(0, n))

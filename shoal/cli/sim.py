@@ -1,0 +1,181 @@
+"""``shoal sim``: run workloads through the scheduler core on the simulator."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from shoal.spec.errors import SpecError
+
+SUMMARY_COLUMNS = [
+    ("avg JCT (s)", "avg_jct_s", "{:.0f}"),
+    ("median (s)", "median_jct_s", "{:.0f}"),
+    ("p99 (s)", "p99_jct_s", "{:.0f}"),
+    ("makespan (s)", "makespan_s", "{:.0f}"),
+    ("util", "utilization", "{:.2f}"),
+    ("dev-h/job", "device_hours_per_job", "{:.2f}"),
+    ("restarts/job", "restarts_per_job", "{:.2f}"),
+    ("worst FTF", "worst_ftf", "{:.2f}"),
+    ("decide p50 (ms)", "median_decision_ms", "{:.1f}"),
+]
+
+
+def _workloads(path: Path) -> list[Path]:
+    if path.is_dir():
+        found = sorted(path.glob("*.csv"))
+        if not found:
+            raise SpecError(f"no *.csv workloads in directory {path}", field="workload")
+        return found
+    if not path.exists():
+        raise SpecError(f"workload file {path} does not exist", field="workload")
+    return [path]
+
+
+def run_one(task: dict[str, Any]) -> dict[str, Any]:
+    """Simulate one (workload, policy) pair; runs in a worker process when parallel."""
+    from shoal.backends.sim.profile import ProfileLibrary
+    from shoal.backends.sim.run import simulate
+    from shoal.metrics.report import summarize
+    from shoal.policy import make_policy
+    from shoal.spec import load_cluster, load_workload_csv
+
+    jobs = load_workload_csv(task["workload"])
+    result = simulate(
+        jobs,
+        make_policy(task["policy"]),
+        load_cluster(task["cluster"]),
+        ProfileLibrary(task["profiles"]),
+        interval=task["interval"],
+        restart_delay=task["restart_delay"],
+        seed=task["seed"],
+    )
+    report = summarize(result)
+    report["workload"] = Path(task["workload"]).stem
+    report["summary"]["workload"] = report["workload"]
+    return report
+
+
+def _fmt(value: Any, pattern: str) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    return pattern.format(value)
+
+
+def _by_policy(reports: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for policy in dict.fromkeys(r["summary"]["policy"] for r in reports):
+        rows = [r["summary"] for r in reports if r["summary"]["policy"] == policy]
+        agg: dict[str, float] = {}
+        for _, key, _ in SUMMARY_COLUMNS:
+            vals = [row[key] for row in rows if row.get(key) is not None]
+            if vals:
+                agg[key] = max(vals) if key == "worst_ftf" else statistics.fmean(vals)
+        agg["workloads"] = len(rows)
+        out[policy] = agg
+    return out
+
+
+@click.command("sim")
+@click.option("--workload", "workload", required=True, type=click.Path(path_type=Path),
+              help="workload CSV, or a directory: every *.csv in it is run")
+@click.option("--policy", default="pollux", show_default=True,
+              help="policy name or comma-separated names")
+@click.option("--cluster", default="pollux-t4-64", show_default=True,
+              help="cluster preset name or YAML file")
+@click.option("--profiles", type=click.Path(path_type=Path), default=None,
+              help="profile directory (default: $SHOAL_PROFILES or shared/data/pollux/traces)")
+@click.option("--json", "json_out", type=click.Path(path_type=Path), default=None,
+              help="write the report here ('-' for stdout)")
+@click.option("--plot", "plot_out", type=click.Path(path_type=Path), default=None,
+              help="write a JCT CDF / allocation plot (PNG) here")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--interval", default=60.0, show_default=True, type=float,
+              help="scheduling round length in seconds")
+@click.option("--restart-delay", default=30.0, show_default=True, type=float,
+              help="seconds a job loses at every (re)start")
+@click.option("--jobs", "parallel", default=1, show_default=True, type=int,
+              help="simulations run in parallel processes")
+def sim_command(workload, policy, cluster, profiles, json_out, plot_out, seed, interval,
+                restart_delay, parallel) -> None:
+    """Simulate a workload trace under one or more policies and compare them."""
+    from shoal.backends.sim.locate import default_profiles
+    from shoal.policy import POLICIES
+    from shoal.spec import load_cluster
+
+    to_stdout = json_out == Path("-")
+    console = Console(stderr=to_stdout)
+    if not console.is_terminal:
+        console = Console(stderr=to_stdout, width=160)
+    try:
+        policies = [p.strip() for p in policy.split(",") if p.strip()]
+        unknown = [p for p in policies if p not in POLICIES]
+        if unknown:
+            raise SpecError(f"unknown policy {unknown}; choose from {', '.join(POLICIES)}",
+                            field="policy")
+        load_cluster(cluster)
+        profile_dir = profiles or default_profiles()
+        if not Path(profile_dir).is_dir():
+            raise SpecError(f"profile directory {profile_dir} does not exist", field="profiles")
+        files = _workloads(workload)
+    except SpecError as exc:
+        raise click.UsageError(str(exc)) from exc
+    tasks = [
+        {"workload": str(f), "policy": p, "cluster": cluster, "profiles": str(profile_dir),
+         "interval": interval, "restart_delay": restart_delay, "seed": seed}
+        for f in files for p in policies
+    ]
+    reports: list[dict[str, Any]] = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
+                  "{task.total}"), TimeElapsedColumn(), console=console) as progress:
+        bar = progress.add_task("simulating", total=len(tasks))
+        if parallel > 1 and len(tasks) > 1:
+            with ProcessPoolExecutor(max_workers=parallel) as pool:
+                for report in pool.map(run_one, tasks):
+                    reports.append(report)
+                    progress.advance(bar)
+        else:
+            for task in tasks:
+                progress.update(bar, description=f"{Path(task['workload']).stem} / "
+                                f"{task['policy']}")
+                reports.append(run_one(task))
+                progress.advance(bar)
+
+    table = Table(title=f"shoal sim on {cluster}")
+    table.add_column("workload")
+    table.add_column("policy")
+    for title, _, _ in SUMMARY_COLUMNS:
+        table.add_column(title, justify="right")
+    for report in reports:
+        s = report["summary"]
+        table.add_row(report["workload"], s["policy"],
+                      *(_fmt(s.get(k), f) for _, k, f in SUMMARY_COLUMNS))
+    by_policy = _by_policy(reports)
+    if len(files) > 1:
+        for name, agg in by_policy.items():
+            cells = (_fmt(agg.get(k), f) for _, k, f in SUMMARY_COLUMNS)
+            table.add_row("[b]mean[/b]", name, *cells)
+    console.print(table)
+
+    if json_out is not None:
+        payload = reports[0] if len(reports) == 1 else {"runs": reports, "by_policy": by_policy}
+        text = json.dumps(payload, indent=2, default=str)
+        if json_out == Path("-"):
+            click.echo(text)
+        else:
+            json_out.parent.mkdir(parents=True, exist_ok=True)
+            json_out.write_text(text)
+            console.print(f"wrote {json_out}")
+    if plot_out is not None:
+        from shoal.metrics.report import plot_comparison
+
+        first = reports[0]["workload"]
+        chosen = {r["summary"]["policy"]: r for r in reports if r["workload"] == first}
+        console.print(f"wrote {plot_comparison(chosen, plot_out)}")

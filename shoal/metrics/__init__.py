@@ -1,0 +1,1 @@
+"""Metrics and reports shared by the simulator and the real backends."""

@@ -1,0 +1,110 @@
+"""Per-job and summary metrics of a run, as JSON, and the comparison plot.
+
+Finish-time fairness (Themis): a job's JCT on the shared cluster over its JCT alone on 1/n of
+the cluster, where n is the average number of jobs active while it was in the system.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shoal.core.types import JobState
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+
+def summarize(result, fairness: bool = True) -> dict[str, Any]:
+    """JSON-ready metrics of a :class:`~shoal.backends.sim.run.SimResult`-like run."""
+    capacity = result.cluster.total_devices
+    jobs = []
+    for rec in result.records:
+        jct = None
+        if rec.state == JobState.FINISHED and rec.finish_time is not None:
+            jct = rec.finish_time - rec.spec.submit_time
+        jobs.append({
+            "name": rec.name,
+            "tenant": rec.spec.tenant,
+            "application": rec.spec.application,
+            "state": str(rec.state),
+            "submit_s": rec.spec.submit_time,
+            "start_s": rec.start_time,
+            "finish_s": rec.finish_time,
+            "jct_s": jct,
+            "restarts": rec.num_restarts,
+            "device_seconds": rec.device_seconds,
+            "failure": rec.failure,
+        })
+    if fairness and hasattr(result, "isolated_jct"):
+        for row in jobs:
+            iso = result.isolated_jct.get(row["name"])
+            row["isolated_jct_s"] = iso
+            row["ftf"] = row["jct_s"] / iso if iso and row["jct_s"] is not None else None
+    jcts = [j["jct_s"] for j in jobs if j["jct_s"] is not None]
+    submits = [j["submit_s"] for j in jobs]
+    finishes = [j["finish_s"] for j in jobs if j["jct_s"] is not None]
+    makespan = (max(finishes) - min(submits)) if finishes else 0.0
+    used = sum(j["device_seconds"] for j in jobs)
+    ftfs = [j["ftf"] for j in jobs if j.get("ftf") is not None]
+    decision = [r.decision_seconds for r in result.rounds if r.active_jobs]
+    summary = {
+        "policy": result.policy,
+        "cluster": result.cluster.name,
+        "devices": capacity,
+        "jobs": len(jobs),
+        "finished": len(jcts),
+        "failed": sum(1 for j in jobs if j["state"] == str(JobState.FAILED)),
+        "avg_jct_s": statistics.fmean(jcts) if jcts else float("nan"),
+        "median_jct_s": statistics.median(jcts) if jcts else float("nan"),
+        "p99_jct_s": _percentile(jcts, 99),
+        "makespan_s": makespan,
+        "utilization": used / (capacity * makespan) if makespan > 0 else 0.0,
+        "device_hours_per_job": used / 3600 / max(len(jobs), 1),
+        "restarts_per_job": statistics.fmean([j["restarts"] for j in jobs]) if jobs else 0.0,
+        "worst_ftf": max(ftfs) if ftfs else None,
+        "median_decision_ms": 1e3 * statistics.median(decision) if decision else 0.0,
+        "p95_decision_ms": 1e3 * _percentile(decision, 95) if decision else 0.0,
+        "timed_out": getattr(result, "timed_out", False),
+    }
+    timeline = [[r.time, r.allocated_devices, r.active_jobs] for r in result.rounds]
+    return {"summary": summary, "jobs": jobs, "timeline": timeline}
+
+
+def plot_comparison(reports: dict[str, dict[str, Any]], path: str | Path) -> Path:
+    """JCT CDF per policy and allocated devices over time, in one PNG (or any matplotlib format)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_cdf, ax_alloc) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, report in reports.items():
+        jcts = sorted(j["jct_s"] / 3600 for j in report["jobs"] if j["jct_s"] is not None)
+        if jcts:
+            ax_cdf.step(jcts, np.arange(1, len(jcts) + 1) / len(jcts), where="post", label=name)
+        times = [t / 3600 for t, _, _ in report["timeline"]]
+        alloc = [a for _, a, _ in report["timeline"]]
+        ax_alloc.plot(times, alloc, label=name, linewidth=1)
+    ax_cdf.set_xscale("log")
+    ax_cdf.set_xlabel("job completion time (hours)")
+    ax_cdf.set_ylabel("fraction of jobs")
+    ax_cdf.set_title("JCT CDF")
+    ax_alloc.set_xlabel("time (hours)")
+    ax_alloc.set_ylabel("allocated devices")
+    ax_alloc.set_title("Allocated devices over time")
+    for ax in (ax_cdf, ax_alloc):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -80,6 +80,7 @@ class ElasticTrainer:
         store.register("trainer", self)
 
         self._ddp: DistributedDataParallel | None = None
+        self._loss_scale = 1.0
         if ctx.env.distributed:
             self._ddp = DistributedDataParallel(
                 self.module,
@@ -91,7 +92,12 @@ class ElasticTrainer:
             def comm_hook(state, bucket):  # type: ignore[no-untyped-def]
                 return self._comm_hook(bucket)
 
-            self._ddp.register_comm_hook(None, comm_hook)
+            if measure_noise:
+                self._ddp.register_comm_hook(None, comm_hook)
+            else:
+                # DDP's built-in C++ hook averages over ranks; scaling the loss by the world
+                # size turns that average back into the exact sum the weights expect.
+                self._loss_scale = float(ctx.world_size)
         self.model: nn.Module = self._ddp if self._ddp is not None else self.module
         self._params = [p for p in self.module.parameters() if p.requires_grad]
 
@@ -135,7 +141,7 @@ class ElasticTrainer:
         micro, plan = self._micro, self._plan
         if micro is None or plan is None:
             raise RuntimeError("backward() needs a batch from a shoal.train.ElasticDataLoader")
-        (loss * micro.weight).backward()
+        (loss * (micro.weight * self._loss_scale)).backward()
         if micro.sync and self._ddp is not None:
             self._sync_end = time.perf_counter()
         if self._measure and self._ddp is None and micro.size > 0:

@@ -1,0 +1,35 @@
+import json
+
+from click.testing import CliRunner
+
+from shoal.cli.main import cli
+
+
+def test_sim_command_writes_report_and_plot(tmp_path, pollux_data):
+    workload = tmp_path / "w.csv"
+    lines = (pollux_data / "workloads" / "workload-1.csv").read_text().splitlines()[:9]
+    workload.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "r.json"
+    plot = tmp_path / "p.png"
+    result = CliRunner().invoke(cli, [
+        "sim", "--workload", str(workload), "--policy", "tiresias,pollux",
+        "--profiles", str(pollux_data / "traces"), "--json", str(out), "--plot", str(plot),
+    ])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert [r["summary"]["policy"] for r in report["runs"]] == ["tiresias", "pollux"]
+    for run in report["runs"]:
+        assert run["summary"]["finished"] == 8
+        for key in ("avg_jct_s", "median_jct_s", "p99_jct_s", "makespan_s", "utilization"):
+            assert run["summary"][key] > 0
+        assert len(run["jobs"]) == 8
+    assert plot.stat().st_size > 10_000
+
+
+def test_sim_command_names_bad_arguments(tmp_path, pollux_data):
+    runner = CliRunner()
+    result = runner.invoke(cli, ["sim", "--workload", str(tmp_path / "none.csv")])
+    assert result.exit_code == 2 and "workload" in result.output
+    result = runner.invoke(cli, ["sim", "--workload", str(pollux_data / "workloads"),
+                                 "--policy", "nope"])
+    assert result.exit_code == 2 and "unknown policy" in result.output

@@ -31,11 +31,25 @@ def _pollux() -> Policy:
     return PolluxPolicy()
 
 
+def _sia() -> Policy:
+    from shoal.policy.sia import SiaPolicy
+
+    return SiaPolicy()
+
+
+def _shoal() -> Policy:
+    from shoal.policy.shoal import ShoalPolicy
+
+    return ShoalPolicy()
+
+
 POLICIES: dict[str, Callable[[], Policy]] = {
     "fifo": _fifo,
     "tiresias": _tiresias,
     "optimus": _optimus,
     "pollux": _pollux,
+    "sia": _sia,
+    "shoal": _shoal,
 }
 
 

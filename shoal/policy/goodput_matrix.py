@@ -1,0 +1,46 @@
+"""Per-job goodput of every cluster configuration, from the models jobs report."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from shoal.core.types import JobView
+from shoal.policy.configs import Config
+
+
+def max_replicas(job: JobView, capacity: int) -> int:
+    """A job may at most double the largest size it has run at (its model extrapolates 2x)."""
+    profiled = max(job.hints.max_profiled_replicas.values(), default=0)
+    cap = min(max(2 * profiled, 1), capacity, job.limits.max_replicas)
+    if job.spec.max_replicas is not None:
+        cap = min(cap, job.spec.max_replicas)
+    return cap
+
+
+def goodput_row(job: JobView, configs: Sequence[Config]) -> np.ndarray:
+    """Goodput of each configuration for ``job`` (samples/s at its initial batch size).
+
+    A device type the job has no model for borrows the model of a type it has run on (the
+    projection Sia bootstraps with); a job with no model yet is assumed to scale linearly.
+    """
+    models = job.hints.goodput
+    out = np.zeros(len(configs))
+    if not models:
+        return np.array([float(c.replicas) for c in configs])
+    fallback = next(iter(models.values()))
+    by_type: dict[str, list[int]] = {}
+    for i, c in enumerate(configs):
+        by_type.setdefault(c.device_type, []).append(i)
+    for dtype, idx in by_type.items():
+        model = models.get(dtype, fallback)
+        nodes = np.array([configs[i].nodes for i in idx])
+        reps = np.array([configs[i].replicas for i in idx])
+        out[idx] = np.asarray(model.optimize(nodes, reps).goodput, dtype=float)
+    return out
+
+
+def restart_factor(job: JobView, delay: float) -> float:
+    """Share of a job's life not lost to restarts if it restarts once more (Pollux's rule)."""
+    return max(job.age - job.num_restarts * delay, 0.0) / (job.age + delay)

@@ -1,0 +1,118 @@
+"""The shoal and sia policies: exact MILP, packable configurations, weights, no starvation."""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shoal.backends.sim.run import simulate
+from shoal.core.types import ClusterState, JobLimits, JobState, JobView, ModelHints
+from shoal.perf import GoodputModel, GradStats, PerfParams
+from shoal.policy.configs import cluster_configs, place_configs, solve
+from shoal.policy.shoal import ShoalPolicy
+from shoal.spec import JobSpec, parse_cluster
+from shoal.spec.cluster import NodeInfo
+
+TWO_TYPES = ClusterState((NodeInfo(0, "t4", 4), NodeInfo(1, "t4", 4), NodeInfo(2, "v100", 2)))
+THREE_NODES = ClusterState(tuple(NodeInfo(i, "t4", 4) for i in range(3)))
+
+
+def _brute_force(cost, idle, configs, cluster):
+    best = np.inf
+    options = [[None, *range(len(configs))] for _ in range(cost.shape[0])]
+    for combo in itertools.product(*options):
+        value = 0.0
+        for j, c in enumerate(combo):
+            value += idle[j] if c is None else cost[j, c]
+        if not np.isfinite(value):
+            continue
+        ok = True
+        for dtype in cluster.device_types:
+            reps = sum(configs[c].replicas for c in combo
+                       if c is not None and configs[c].device_type == dtype)
+            nodes = sum(configs[c].nodes for c in combo
+                        if c is not None and configs[c].device_type == dtype
+                        and configs[c].nodes > 1)
+            ok &= reps <= cluster.capacity(dtype) and nodes <= len(cluster.nodes_of(dtype))
+        if ok:
+            best = min(best, value)
+    return best
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(st.integers(1, 3), st.data())
+def test_milp_equals_brute_force(num_jobs, data):
+    configs = cluster_configs(TWO_TYPES)
+    cost = np.array([[data.draw(st.floats(-5, 5) | st.just(np.inf)) for _ in configs]
+                     for _ in range(num_jobs)])
+    idle = np.array([data.draw(st.floats(-2, 5)) for _ in range(num_jobs)])
+    solution = solve(cost, idle, configs, TWO_TYPES)
+    assert solution.objective == pytest.approx(_brute_force(cost, idle, configs, TWO_TYPES),
+                                               abs=1e-6)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.lists(st.integers(0, 100), min_size=1, max_size=12))
+def test_any_count_feasible_choice_packs_onto_nodes(picks):
+    cluster = ClusterState(tuple(NodeInfo(i, "t4", 8) for i in range(4)))
+    configs = cluster_configs(cluster)
+    chosen, used, nodes = {}, 0, 0
+    for i, pick in enumerate(picks):
+        cfg = configs[pick % len(configs)]
+        extra_nodes = cfg.nodes if cfg.nodes > 1 else 0
+        if used + cfg.replicas <= 32 and nodes + extra_nodes <= 4:
+            chosen[f"j{i}"] = cfg
+            used += cfg.replicas
+            nodes += extra_nodes
+    placed = place_configs(chosen, {}, cluster)
+    assert set(placed) == set(chosen)
+    load = {}
+    for alloc in placed.values():
+        for n, c in alloc.per_node().items():
+            load[n] = load.get(n, 0) + c
+    assert all(v <= 8 for v in load.values())
+
+
+def _view(name, weight=1.0, profiled=8, progress=0.0, attained=0.0):
+    perf = PerfParams(0.05, 0.002, 0.2, 0.01, 0.05, 0.005, 1.5)
+    model = GoodputModel(perf, GradStats(1.0, 200.0), 64, 8192, 16, 256)
+    return JobView(
+        name=name, spec=JobSpec(name=name, application="synthetic", weight=weight),
+        state=JobState.PENDING, submit_time=0.0, age=600.0, attained_service=attained,
+        num_restarts=0, allocation=None,
+        hints=ModelHints({"t4": model}, {"t4": profiled}, progress=progress),
+        limits=JobLimits(64, 8192, 16, 256, 64),
+    )
+
+
+def test_tenant_weights_shift_shares():
+    # 12 devices for two identical jobs: one gets two whole nodes, the other one node.
+    heavy_a = ShoalPolicy(alpha=0.0).decide([_view("a", weight=4.0), _view("b")], THREE_NODES, 0)
+    assert (heavy_a["a"].replicas, heavy_a["b"].replicas) == (8, 4)
+    heavy_b = ShoalPolicy(alpha=0.0).decide([_view("a"), _view("b", weight=4.0)], THREE_NODES, 0)
+    assert (heavy_b["a"].replicas, heavy_b["b"].replicas) == (4, 8)
+
+
+def test_remaining_work_knob_prefers_the_shorter_job():
+    short = _view("short", progress=0.9, attained=3600.0)  # ~400 device-seconds left
+    long = _view("long", progress=0.1, attained=3600.0)  # ~9 device-hours left
+    for order in ([short, long], [long, short]):
+        srpt = ShoalPolicy(alpha=1.0).decide(order, THREE_NODES, 0.0)
+        assert (srpt["short"].replicas, srpt["long"].replicas) == (8, 4)
+
+
+def test_a_long_job_among_many_short_ones_finishes(profiles):
+    cluster = parse_cluster({
+        "name": "tiny", "device_types": [{"name": "t4", "memory_gb": 16}],
+        "nodes": [{"device_type": "t4", "devices_per_node": 4, "count": 1}],
+    })
+    jobs = [JobSpec(name="long", application="imagenet", batch_size=200, target_epochs=2)]
+    jobs += [JobSpec(name=f"short-{i}", application="cifar10", batch_size=128,
+                     target_epochs=2, submit_time=60.0 * i) for i in range(60)]
+    result = simulate(jobs, ShoalPolicy(alpha=1.0), cluster, profiles, max_time=10 * 24 * 3600)
+    assert not result.timed_out
+    by_name = {r.name: r for r in result.records}
+    assert by_name["long"].state == JobState.FINISHED
+    assert all(r.state == JobState.FINISHED for r in result.records)

@@ -58,40 +58,50 @@ def _worker(args: argparse.Namespace) -> None:
     loader = st.ElasticDataLoader(data, args.batch_size, stats_split_every=0)
     trainer = st.ElasticTrainer(shoal_model, shoal_opt, measure_noise=not args.no_noise)
 
-    def plain_round(epoch: int) -> float:
+    def plain_steps(epoch: int):  # type: ignore[no-untyped-def]
         sampler.set_epoch(epoch)
-        start = time.perf_counter()
         for x, y in plain_loader:
             plain_opt.zero_grad(set_to_none=True)
             nn.functional.cross_entropy(plain_model(x), y).backward()
             plain_opt.step()
-        return (time.perf_counter() - start) / args.steps
+            yield
 
-    def shoal_round(epoch: int) -> float:
+    def shoal_steps(epoch: int):  # type: ignore[no-untyped-def]
         ctx.epochs.epoch = epoch
-        start = time.perf_counter()
         for x, y in loader:
             trainer.backward(nn.functional.cross_entropy(trainer.model(x), y))
-            trainer.step()
-        return (time.perf_counter() - start) / args.steps
+            if trainer.step():
+                yield
 
-    plain_round(0), shoal_round(0)  # warm-up
-    plain, shoal = [], []
-    for r in range(1, args.rounds + 1):
-        if r % 2:
-            plain.append(plain_round(r))
-            shoal.append(shoal_round(r))
-        else:
-            shoal.append(shoal_round(r))
-            plain.append(plain_round(r))
+    def timed(steps) -> float:  # type: ignore[no-untyped-def]
+        start = time.perf_counter()
+        next(steps, None)
+        return time.perf_counter() - start
+
+    plain: list[float] = []
+    shoal: list[float] = []
+    # Alternate single steps so that changing load from other programs hits both loops alike.
+    for r in range(args.rounds + 1):
+        p_iter, s_iter = plain_steps(r), shoal_steps(r)
+        for step in range(args.steps):
+            first, second = (p_iter, s_iter) if step % 2 else (s_iter, p_iter)
+            t_first, t_second = timed(first), timed(second)
+            t_plain, t_shoal = (t_first, t_second) if step % 2 else (t_second, t_first)
+            if r > 0:  # round 0 warms up
+                plain.append(t_plain)
+                shoal.append(t_shoal)
+        for it in (p_iter, s_iter):
+            for _ in it:
+                pass
     dist.barrier()
     if rank == 0:
         stats = trainer.grad_stats
         result = {
             "plain_step_s": statistics.median(plain),
             "shoal_step_s": statistics.median(shoal),
-            "plain_rounds": plain,
-            "shoal_rounds": shoal,
+            "plain_mean_s": statistics.fmean(plain),
+            "shoal_mean_s": statistics.fmean(shoal),
+            "steps_timed": len(plain),
             "noise_measured": stats is not None,
         }
         Path(args.result).write_text(json.dumps(result))
@@ -101,7 +111,7 @@ def _worker(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--steps", type=int, default=20, help="steps per round")
+    parser.add_argument("--steps", type=int, default=20, help="steps per round (one epoch)")
     parser.add_argument("--batch-size", type=int, default=64, help="global batch")
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--depth", type=int, default=4)

@@ -5,7 +5,8 @@ Rules, in order:
 2. A running job whose grant keeps its device count and type stays where it is.
 3. Every other grant, in the order the policy listed them, is packed greedily onto the nodes
    of its type with the most free devices (ties: lowest node id), so replicas land on as few
-   nodes as possible. A grant that no longer fits is left unplaced.
+   nodes as possible. A grant without a type goes to its current type, else to the first type
+   (in cluster order) where it fits. A grant that no longer fits is left unplaced.
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ def _type_of(cluster: ClusterState) -> dict[int, str]:
     return {n.node_id: n.device_type for n in cluster.nodes}
 
 
-def _default_type(grant: Grant, cluster: ClusterState, current: Allocation | None) -> str:
+def _candidate_types(grant: Grant, cluster: ClusterState,
+                     current: Allocation | None) -> list[str]:
     if grant.device_type is not None:
-        return grant.device_type
-    if current is not None:
-        return current.device_type
-    return cluster.nodes[0].device_type
+        return [grant.device_type]
+    preferred = [current.device_type] if current is not None else []
+    return list(dict.fromkeys([*preferred, *cluster.device_types]))
 
 
 def pack(free: dict[int, int], node_type: Mapping[int, str], device_type: str,
@@ -84,8 +85,9 @@ def place(
     for name, grant in decision.items():
         if grant.replicas <= 0 or name in result:
             continue
-        dtype = _default_type(grant, cluster, current.get(name))
-        nodes = pack(free, node_type, dtype, grant.replicas)
-        if nodes is not None:
-            result[name] = Allocation(dtype, nodes)
+        for dtype in _candidate_types(grant, cluster, current.get(name)):
+            nodes = pack(free, node_type, dtype, grant.replicas)
+            if nodes is not None:
+                result[name] = Allocation(dtype, nodes)
+                break
     return result

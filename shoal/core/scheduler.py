@@ -61,6 +61,13 @@ class Scheduler:
             self._fail(record, now, f"needs {spec.num_replicas} devices, cluster has {capacity}")
         return record
 
+    def cancel(self, name: str, reason: str = "cancelled by user") -> JobRecord:
+        """End an active job now (it becomes failed with ``reason``); KeyError if unknown."""
+        record = self.records[name]
+        if record.active:
+            self._fail(record, self.backend.now(), reason)
+        return record
+
     def _fail(self, record: JobRecord, now: float, reason: str) -> None:
         record.failure = reason
         record.finish_time = now

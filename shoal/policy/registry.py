@@ -31,6 +31,12 @@ def _pollux() -> Policy:
     return PolluxPolicy()
 
 
+def _gavel() -> Policy:
+    from shoal.policy.gavel import GavelPolicy
+
+    return GavelPolicy()
+
+
 def _sia() -> Policy:
     from shoal.policy.sia import SiaPolicy
 
@@ -48,6 +54,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "tiresias": _tiresias,
     "optimus": _optimus,
     "pollux": _pollux,
+    "gavel": _gavel,
     "sia": _sia,
     "shoal": _shoal,
 }

@@ -3,14 +3,16 @@
 What is optimized. For every active job j and every configuration c (device type, nodes,
 replicas; whole nodes across nodes, powers of two within one), with binary x[j, c]:
 
-    minimize  sum_j w_j [ sum_c x[j, c] (rho[j, c] s[j, c])^p + lambda (1 - sum_c x[j, c]) ]
+    minimize  sum_j w_j [ sum_c x[j, c] (rho[j, c] s[j, c])^p + s0^p (1 - sum_c x[j, c]) ]
 
 * ``s[j, c]`` is j's goodput (throughput x statistical efficiency at the best batch size for c)
   over its goodput at its smallest configuration, per device type from the job's own models;
 * ``rho[j, c]`` is the restart factor max(T - N S, 0) / (T + S) when a running job would move
   (1 to stay; 1 for a job that is not running), so a move must pay for its checkpoint-restore;
-* ``p < 0`` gives diminishing returns (p -> 0 approaches proportional fairness, more negative
-  is fairer), ``lambda > 1`` makes any allocation better than none;
+* ``p`` sets the fairness of the mean being maximized (for p > 0 the costs are negated, so the
+  sum of ``w s^p`` is maximized; p = 1 is total goodput, p -> 0 proportional fairness, p < 0
+  fairer still); no devices count as a speedup of ``idle_speedup`` < 1, so any allocation
+  beats none (with p = -0.5 and 1.1^-2 this is Sia's penalty lambda = 1.1);
 * ``w_j = weight_j * (1 + R_j / H)^(-alpha) * (1 + Q_j / H)`` where ``R_j`` estimates the
   remaining device-seconds from progress and attained service (least attained service when
   nothing is known), ``Q_j`` is time spent waiting without devices, ``H`` one device-hour and
@@ -41,7 +43,7 @@ DEVICE_HOUR = 3600.0
 @dataclass(frozen=True)
 class ShoalKnobs:
     p: float = -0.5
-    no_alloc_penalty: float = 1.1
+    idle_speedup: float = 1.1**-2  # utility of no devices, as a speedup below the smallest
     alpha: float = 0.5  # 0: fairness only; 1: strongly shortest-remaining-first
     restart_delay: float = 30.0
     heterogeneity: bool = True
@@ -88,7 +90,8 @@ class ShoalPolicy:
         forced: dict[int, int] = {}
         for j, job in enumerate(jobs):
             weight = self._weight(job, now)
-            idle[j] = weight * k.no_alloc_penalty
+            sign = 1.0 if k.p < 0 else -1.0
+            idle[j] = sign * weight * k.idle_speedup**k.p
             goodput = goodput_row(job, configs)
             if not k.heterogeneity and job.hints.goodput:
                 goodput = self._type_blind(goodput, configs)
@@ -108,7 +111,7 @@ class ShoalPolicy:
                 if current is not None:
                     factor[current] = 1.0
             with np.errstate(divide="ignore"):
-                cost[j, ok] = weight * (speedup[ok] * factor[ok]) ** k.p
+                cost[j, ok] = sign * weight * (speedup[ok] * factor[ok]) ** k.p
             if not job.spec.preemptible and current is not None:
                 forced[j] = current
         solution = solve(cost, idle, configs, cluster, forced)

@@ -11,11 +11,11 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-VOCAB = 1000
-SEQ_LEN = 32
-HIDDEN = 128
+from shoal.serve.wire import SEQ_LEN, VOCAB
+
+HIDDEN = 256
 HEADS = 4
-LAYERS = 2
+LAYERS = 4
 CLASSES = 10
 PAD = 0
 
@@ -68,7 +68,3 @@ class Predictor:
         confidence, label = probs.max(dim=-1)
         return list(zip(label.tolist(), confidence.tolist(), strict=True))
 
-
-def example_tokens(index: int) -> list[int]:
-    """A deterministic request payload (what the load generator sends as request ``index``)."""
-    return [1 + (index * 7919 + k * 104729) % (VOCAB - 1) for k in range(SEQ_LEN)]

@@ -254,7 +254,8 @@ class ElasticTrainer:
         local_sqr, pieces = 0.0, 0.0
         share = plan.shares[ctx.rank]
         if self._measure and share > 0 and self._local_parts:
-            local_sqr = sum(float(p) ** 2 for p in self._local_parts) * (plan.batch_size / share) ** 2
+            local_sqr = sum(float(p) ** 2 for p in self._local_parts)
+            local_sqr *= (plan.batch_size / share) ** 2
             pieces = 1.0
         control = torch.tensor(
             [float(resize), float(due), float(new_bsz), local_sqr, pieces],

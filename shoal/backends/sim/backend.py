@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from shoal.backends.sim.job import SimJob
 from shoal.backends.sim.profile import ApplicationProfile, ProfileLibrary
@@ -16,9 +16,11 @@ from shoal.spec.job import JobSpec
 class SimOracle:
     """Ground truth of one simulated job, for oracle baselines (Optimus)."""
 
-    def __init__(self, job: SimJob, devices_per_node: int):
+    def __init__(self, job: SimJob, devices_per_node: int,
+                 per_node_by_type: Mapping[str, int] | None = None):
         self._job = job
         self._per_node = devices_per_node
+        self._per_node_by_type = dict(per_node_by_type or {})
 
     def remaining_iterations(self, batch_size: int) -> float:
         job, app = self._job, self._job.app
@@ -28,17 +30,32 @@ class SimOracle:
         return app.iterations(batch_size, last) - app.iterations(batch_size, job.epoch)
 
     def step_time(self, num_replicas: int, batch_size: int) -> float:
+        job = self._job
+        dtype = job.allocation.device_type if job.allocation else next(iter(job.app.devices))
+        return self._step_time(dtype, num_replicas, batch_size)
+
+    def throughput(self, device_type: str, num_replicas: int, batch_size: int) -> float:
+        """True samples/s at ``num_replicas`` devices of ``device_type`` (packed onto nodes of
+        that type) and global ``batch_size``; 0 where the profile has no such configuration."""
+        if device_type not in self._job.app.devices:
+            return 0.0
+        try:
+            return batch_size / self._step_time(device_type, num_replicas, batch_size)
+        except ValueError:
+            return 0.0
+
+    def _step_time(self, dtype: str, num_replicas: int, batch_size: int) -> float:
         job, lim = self._job, self._job.limits
+        per_node = self._per_node_by_type.get(dtype, self._per_node)
         placement: tuple[int, ...] = ()
         while sum(placement) < num_replicas:
-            placement = (*placement, min(num_replicas - sum(placement), self._per_node))
+            placement = (*placement, min(num_replicas - sum(placement), per_node))
         local = math.ceil(batch_size / num_replicas - 1e-8)
         accum = math.ceil(local / lim.max_local_bsz - 1e-8) - 1
         if num_replicas == 1:
             accum = max(1, accum)
         atomic = math.ceil(local / (accum + 1) - 1e-8)
         atomic = min(atomic, int(lim.max_batch_size / (num_replicas * (accum + 1))))
-        dtype = job.allocation.device_type if job.allocation else next(iter(job.app.devices))
         step, sync = job.app.step_and_sync(placement, atomic, dtype)
         return step + (step - sync) * accum
 
@@ -54,6 +71,10 @@ class SimBackend:
         self._reported_done: set[str] = set()
         per_node = {n.capacity for n in self._state.nodes}
         self._per_node = max(per_node)
+        self.per_node_by_type: dict[str, int] = {}
+        for node in self._state.nodes:
+            self.per_node_by_type[node.device_type] = max(
+                node.capacity, self.per_node_by_type.get(node.device_type, 0))
 
     # ----- Backend protocol -----
     def now(self) -> float:
@@ -97,7 +118,7 @@ class SimBackend:
         )
 
     def oracle(self, name: str) -> SimOracle:
-        return SimOracle(self.jobs[name], self._per_node)
+        return SimOracle(self.jobs[name], self._per_node, self.per_node_by_type)
 
     def observe(self) -> list[JobStatus]:
         out = []

@@ -89,7 +89,6 @@ def _simulate(jobs, policy, cluster, profiles, interval, restart_delay, seed, ma
 def _isolated_jcts(result: SimResult, backend: SimBackend) -> dict[str, float]:
     """Each finished job's JCT alone on 1/n of the cluster (n: its average contention)."""
     capacity = result.cluster.total_devices
-    per_node = max(n.capacity for n in backend.cluster().nodes)
     out = {}
     for rec in result.records:
         if rec.finish_time is None or rec.limits is None or rec.failure:
@@ -102,6 +101,7 @@ def _isolated_jcts(result: SimResult, backend: SimBackend) -> dict[str, float]:
         dtype = rec.history[0][1].device_type if rec.history and rec.history[0][1] else (
             job.app.device_types[0])
         batch = rec.spec.batch_size or rec.limits.init_batch_size
+        per_node = backend.per_node_by_type.get(dtype, max(backend.per_node_by_type.values()))
         out[rec.name] = isolated_jct(job.app, rec.limits, batch, share, per_node, dtype,
                                      backend.restart_delay, rec.spec.target_epochs)
     return out

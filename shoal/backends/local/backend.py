@@ -1,0 +1,156 @@
+"""The local backend: the Backend protocol over real processes on this machine.
+
+One node (id 0) whose devices are the pool's slots. ``apply`` sets each job's target
+allocation; ``observe`` polls the processes, starts what is due and reports what the jobs
+measured (their reports arrive through :meth:`LocalBackend.report`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from shoal.backends.local.devices import DevicePool
+from shoal.backends.local.job import LocalJob, Phase, RunSettings
+from shoal.backends.local.model import JobModel
+from shoal.core.types import Change, ClusterState, JobLimits, JobStatus
+from shoal.spec.cluster import NodeInfo
+from shoal.spec.errors import SpecError
+from shoal.spec.job import JobSpec
+
+_BATCH_CHANGE = 0.1  # ask a running job to change batch size when the best differs by this much
+
+
+class LocalBackend:
+    def __init__(self, settings: RunSettings):
+        self.settings = settings
+        self.pool: DevicePool = settings.pool
+        self.jobs: dict[str, LocalJob] = {}
+        self.pending_workdir: Path | None = None  # where the next admitted job's command runs
+        self._reported_done: set[str] = set()
+        self._state = ClusterState((NodeInfo(0, self.pool.device_type, self.pool.slots),))
+
+    # ----- Backend protocol -----
+    def now(self) -> float:
+        return time.time()
+
+    def cluster(self) -> ClusterState:
+        return self._state
+
+    def admit(self, spec: JobSpec, workdir: Path | None = None) -> JobLimits:
+        if not spec.command:
+            raise SpecError(
+                "the local backend runs a program: add e.g. "
+                "command: [\"python\", \"train.py\"]", field="command",
+            )
+        dtype = self.pool.device_type
+        if spec.device_types and dtype not in spec.device_types:
+            raise SpecError(
+                f"this machine offers '{dtype}' devices, the job allows {spec.device_types}",
+                field="device_types",
+            )
+        limits = self.base_limits(spec)
+        self.jobs[spec.name] = LocalJob(
+            spec, Path(workdir or self.pending_workdir or Path.cwd()), limits, self.settings,
+            JobModel(dtype, spec.target_epochs),
+        )
+        return limits
+
+    def base_limits(self, spec: JobSpec) -> JobLimits:
+        init = spec.batch_size or 1
+        caps = [self.pool.slots, spec.max_replicas or self.pool.slots]
+        return JobLimits(
+            init_batch_size=init,
+            max_batch_size=init,  # raised by the job's own report of its bound
+            min_local_bsz=1,
+            max_local_bsz=init,
+            max_replicas=min(caps),
+            fixed_batch=None if spec.adaptive_batch else spec.batch_size,
+        )
+
+    def observe(self) -> list[JobStatus]:
+        now = self.now()
+        out = []
+        for job in self.jobs.values():
+            job.tick(now)
+            if job.name in self._reported_done:
+                continue
+            if job.terminal:
+                self._reported_done.add(job.name)
+            limits = job.limits
+            out.append(
+                JobStatus(
+                    job.name,
+                    device_seconds=job.device_seconds,
+                    finished_at=job.finished_at if job.phase == Phase.FINISHED else None,
+                    failed_reason=job.failed_reason,
+                    hints=job.model.hints(limits),
+                    batch_size=job.model.batch_size,
+                    extra={"running": job.phase == Phase.RUNNING and job.reported_since_start},
+                )
+            )
+        return out
+
+    def apply(self, changes: Sequence[Change]) -> None:
+        now = self.now()
+        for change in changes:
+            job = self.jobs.get(change.job)
+            if job is None:
+                continue
+            job.set_target(change.allocation, change.batch_size)
+            job.tick(now)
+
+    # ----- beyond the protocol -----
+    def learned_limits(self) -> dict[str, JobLimits]:
+        return {name: job.limits for name, job in self.jobs.items() if not job.terminal}
+
+    def report(self, name: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """A job's report; the answer may ask it to use a new global batch size."""
+        job = self.jobs.get(name)
+        if job is None:
+            raise KeyError(name)
+        job.on_report(payload)
+        alloc = job.running_allocation
+        current = job.model.batch_size
+        if job.phase != Phase.RUNNING or alloc is None or not current or payload.get("done"):
+            return {}
+        best = job.model.best_batch(job.limits, alloc.num_nodes, alloc.num_replicas)
+        if best is not None and abs(best - current) > _BATCH_CHANGE * current:
+            return {"batch_size": best}
+        return {}
+
+    def cancel(self, name: str) -> None:
+        job = self.jobs.get(name)
+        if job is not None:
+            job.cancel()
+
+    def forget(self, name: str) -> None:
+        self.jobs.pop(name, None)
+        self._reported_done.discard(name)
+
+    def adopt(self, spec: JobSpec, workdir: Path, limits: JobLimits) -> LocalJob:
+        """Re-create a job after a service restart; its replicas are re-adopted if alive."""
+        job = LocalJob(spec, workdir, limits, self.settings,
+                       JobModel(self.pool.device_type, spec.target_epochs))
+        job.adopt(self.now())
+        self.jobs[spec.name] = job
+        return job
+
+    def stop_all(self, timeout_s: float = 60.0) -> None:
+        """Checkpoint and stop every running job (service shutdown); they resume later."""
+        for job in self.jobs.values():
+            if job.phase == Phase.RUNNING:
+                job.request_stop()
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            for job in self.jobs.values():
+                if job.phase == Phase.STOPPING:
+                    job.target = None
+                    job.tick(self.now())
+            if not any(j.phase == Phase.STOPPING for j in self.jobs.values()):
+                break
+            time.sleep(0.1)
+        for job in self.jobs.values():
+            job.persist()

@@ -1,0 +1,175 @@
+"""What a real job has reported, turned into the scheduler's models (ModelHints, JobLimits).
+
+A report (see docs/training.md) carries step and sync times per configuration ``(nodes,
+replicas, local_bsz, accum_steps)``, the gradient statistics at the initial batch size, batch
+bounds and progress. The throughput model is fitted with the same code the simulator uses
+(:func:`shoal.perf.fit_perf_params`), so the same policies decide for real jobs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shoal.core.types import JobLimits, ModelHints
+from shoal.perf import GoodputModel, GradStats, PerfParams, fit_perf_params
+
+_REFIT_SECONDS = 15.0
+
+
+@dataclass
+class JobModel:
+    device_type: str
+    target_epochs: int | None
+    init_batch_size: int | None = None
+    max_batch_size: int | None = None
+    max_local_bsz: int | None = None
+    batch_size: int | None = None
+    grad: GradStats | None = None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    perf: PerfParams | None = None
+    epoch: int = 0
+    fraction: float = 0.0  # of the job done, 0..1
+    steps: int = 0
+    samples_per_second: float = 0.0
+    last_report: dict[str, Any] | None = None
+    reports: int = 0
+    _fitted_keys: frozenset[tuple[int, int, int, int]] = frozenset()
+    _fitted_at: float = 0.0
+    _progress_log: list[tuple[float, float]] = field(default_factory=list)
+
+    # ----- input -----
+    def update(self, report: dict[str, Any], now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        self.reports += 1
+        self.last_report = report
+        for key in ("init_batch_size", "max_batch_size", "max_local_bsz", "batch_size"):
+            value = report.get(key)
+            if isinstance(value, int) and value > 0:
+                setattr(self, key, value)
+        if report.get("grad_sqr") is not None and report.get("grad_var") is not None:
+            self.grad = GradStats(float(report["grad_sqr"]), float(report["grad_var"]))
+        rows = report.get("profile")
+        if isinstance(rows, list) and rows:
+            self.rows = rows
+        self.epoch = int(report.get("epoch") or 0)
+        self.steps = int(report.get("steps") or 0)
+        self.samples_per_second = float(report.get("samples_per_second") or 0.0)
+        self.fraction = self._fraction(report)
+        self._progress_log.append((now, self.fraction))
+        self._progress_log = self._progress_log[-30:]
+
+    def _fraction(self, report: dict[str, Any]) -> float:
+        if report.get("done"):
+            return 1.0
+        if not self.target_epochs:
+            return 0.0
+        position, total = report.get("epoch_position"), report.get("epoch_samples")
+        within = position / total if position is not None and total else 0.0
+        return min(1.0, (self.epoch + within) / self.target_epochs)
+
+    # ----- models -----
+    def perf_params(self, now: float | None = None) -> PerfParams | None:
+        now = time.time() if now is None else now
+        usable = [r for r in self.rows if r.get("step_time", 0) > 0 and r.get("count", 0) > 0]
+        if not usable:
+            return None
+        keys = frozenset(
+            (r["num_nodes"], r["num_replicas"], r["local_bsz"], r["accum_steps"]) for r in usable
+        )
+        if keys != self._fitted_keys or now - self._fitted_at > _REFIT_SECONDS:
+            nodes, replicas, bsz, grad, step = [], [], [], [], []
+            for r in usable:
+                accum = int(r["accum_steps"])
+                # Per micro-batch compute; the step without accumulation is compute + sync.
+                micro = max((r["step_time"] - r["sync_time"]) / (accum + 1), 1e-6)
+                nodes.append(r["num_nodes"])
+                replicas.append(r["num_replicas"])
+                bsz.append(r["local_bsz"])
+                grad.append(micro)
+                step.append(max(r["step_time"] - accum * micro, micro))
+            self.perf = fit_perf_params(nodes, replicas, bsz, grad, step, warm_start=self.perf)
+            self._fitted_keys, self._fitted_at = keys, now
+        return self.perf
+
+    def goodput(self, limits: JobLimits) -> GoodputModel | None:
+        perf = self.perf_params()
+        if perf is None or self.grad is None:
+            return None
+        return GoodputModel(
+            perf, self.grad, limits.init_batch_size, limits.max_batch_size,
+            limits.min_local_bsz, limits.max_local_bsz,
+        )
+
+    def hints(self, limits: JobLimits) -> ModelHints:
+        model = self.goodput(limits)
+        profiled = max((int(r["num_replicas"]) for r in self.rows), default=0)
+        return ModelHints(
+            goodput={self.device_type: model} if model is not None else {},
+            max_profiled_replicas={self.device_type: profiled} if profiled else {},
+            epoch=self.epoch,
+            progress=self.fraction,
+        )
+
+    def limits(self, base: JobLimits) -> JobLimits:
+        """``base`` (from the spec) refined by the bounds the job itself reported."""
+        init = self.init_batch_size or base.init_batch_size
+        max_batch = max(self.max_batch_size or base.max_batch_size, init)
+        max_local = self.max_local_bsz or max_batch
+        return JobLimits(
+            init_batch_size=init,
+            max_batch_size=max_batch,
+            min_local_bsz=base.min_local_bsz,
+            max_local_bsz=max(max_local, base.min_local_bsz),
+            max_replicas=base.max_replicas,
+            fixed_batch=base.fixed_batch,
+        )
+
+    def best_batch(self, limits: JobLimits, num_nodes: int, num_replicas: int) -> int | None:
+        """The global batch with the best goodput on this allocation (None without a model)."""
+        if limits.fixed_batch is not None:
+            return limits.fixed_batch
+        model = self.goodput(limits)
+        if model is None:
+            return None
+        choice = model.optimize(num_nodes, num_replicas)
+        batch = num_replicas * int(choice.atomic_bsz) * (int(choice.accum_steps) + 1)
+        return int(min(max(batch, limits.init_batch_size), limits.max_batch_size))
+
+    def eta_seconds(self) -> float | None:
+        """Seconds left at the recent rate of progress (None until it can be told)."""
+        if self.fraction >= 1.0:
+            return 0.0
+        if len(self._progress_log) < 2:
+            return None
+        (t0, f0), (t1, f1) = self._progress_log[0], self._progress_log[-1]
+        if f1 <= f0 or t1 <= t0:
+            return None
+        return float((1.0 - f1) * (t1 - t0) / (f1 - f0))
+
+    def _noise_scale(self) -> float | None:
+        if self.grad is None:
+            return None
+        phi = self.grad.noise_scale(self.init_batch_size or 1)
+        return phi if np.isfinite(phi) else None
+
+    def summary(self) -> dict[str, Any]:
+        perf = self.perf
+        return {
+            "epoch": self.epoch,
+            "progress": self.fraction,
+            "steps": self.steps,
+            "batch_size": self.batch_size,
+            "samples_per_second": self.samples_per_second,
+            "noise_scale": self._noise_scale(),
+            "perf_params": None if perf is None else dict(
+                zip(("alpha_c", "beta_c", "alpha_n", "beta_n", "alpha_r", "beta_r", "gamma"),
+                    np.round(perf.as_array(), 6).tolist(), strict=True)
+            ),
+            "profile": self.rows,
+            "eta_seconds": self.eta_seconds(),
+            "reports": self.reports,
+        }

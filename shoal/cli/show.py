@@ -1,0 +1,70 @@
+"""``shoal show JOB``: one job in detail."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from shoal.cli.client import Client, home_option
+
+
+def _clock(t: float | None) -> str:
+    return "-" if t is None else datetime.datetime.fromtimestamp(t).strftime("%H:%M:%S")
+
+
+@click.command("show")
+@home_option
+@click.argument("job")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw record as JSON.")
+def show_command(home: str | None, job: str, as_json: bool) -> None:
+    """Allocation history, throughput model, batch size, progress and ETA of JOB."""
+    client = Client(home)
+    data = client.get(f"/api/jobs/{job}")
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    console = Console()
+    alloc = data.get("allocation") or {}
+    eta = data.get("eta_seconds")
+    facts = Table.grid(padding=(0, 2))
+    for key, value in [
+        ("job", data["name"]),
+        ("state", data["state"] + (f" ({data['failure']})" if data.get("failure") else "")),
+        ("application", data["application"]),
+        ("allocation", f"{alloc.get('replicas', 0)} x {alloc.get('device_type', '-')}"),
+        ("batch size", data.get("batch_size") or "-"),
+        ("progress", f"{float(data.get('progress') or 0):.1%} (epoch {data.get('epoch', 0)})"),
+        ("ETA", "-" if eta is None else f"{eta:.0f} s"),
+        ("goodput", f"{data['goodput']:.1f} samples/s" if data.get("goodput") else "-"),
+        ("noise scale", f"{data['noise_scale']:.0f}" if data.get("noise_scale") else "-"),
+        ("restarts", f"{data['num_restarts']} (resizes {data.get('resizes', 0)})"),
+        ("device-seconds", f"{data['device_seconds']:.0f}"),
+        ("submitted / started / ended",
+         f"{_clock(data['submit_time'])} / {_clock(data['start_time'])} / "
+         f"{_clock(data['finish_time'])}"),
+        ("throughput model", json.dumps(data.get("perf_params")) if data.get("perf_params")
+         else "not fitted yet"),
+        ("command", " ".join(data["spec"].get("command") or [])),
+    ]:
+        facts.add_row(f"[bold]{key}[/]", str(value))
+    console.print(facts)
+    history = Table(title="allocation history", header_style="bold")
+    history.add_column("time")
+    history.add_column("replicas", justify="right")
+    for entry in data["history"]:
+        history.add_row(_clock(entry["time"]), str(entry["replicas"]))
+    console.print(history)
+    profile = data.get("profile") or []
+    if profile:
+        table = Table(title="measured step times", header_style="bold")
+        for column in ("replicas", "local_bsz", "accum", "step s", "sync s", "steps"):
+            table.add_column(column, justify="right")
+        for row in profile:
+            table.add_row(str(row["num_replicas"]), str(row["local_bsz"]),
+                          str(row["accum_steps"]), f"{row['step_time']:.4f}",
+                          f"{row['sync_time']:.4f}", str(row["count"]))
+        console.print(table)

@@ -1,0 +1,57 @@
+"""``shoal up``: start the scheduler service for this SHOAL_HOME."""
+
+from __future__ import annotations
+
+import click
+
+from shoal.cli.client import home_option
+from shoal.policy.registry import POLICIES
+from shoal.service.config import shoal_home
+from shoal.service.launch import LaunchError, choose_port, running_url, start_background
+
+
+@click.command("up")
+@home_option
+@click.option("--port", type=int, default=None, help="API port on 127.0.0.1 (default: free).")
+@click.option("--policy", type=click.Choice(sorted(POLICIES)), default="pollux", show_default=True)
+@click.option("--interval", type=float, default=10.0, show_default=True,
+              help="Seconds between scheduling rounds.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "gpu"]), default=None,
+              help="Device pool (env SHOAL_DEVICE; auto = GPUs when CUDA works).")
+@click.option("--slots", type=int, default=None,
+              help="CPU slots (env SHOAL_CPU_SLOTS; default cores / cores-per-slot).")
+@click.option("--cores-per-slot", type=int, default=None,
+              help="Threads per replica on a CPU slot (env SHOAL_CORES_PER_SLOT; default 1).")
+@click.option("--db-url", default=None,
+              help="SQLAlchemy URL of the store (default sqlite:///HOME/shoal.db).")
+@click.option("--checkpoint-interval", type=float, default=30.0, show_default=True,
+              help="Seconds between periodic checkpoints of running jobs.")
+@click.option("--foreground", is_flag=True, help="Stay attached (Ctrl-C stops the service).")
+def up_command(home: str | None, port: int | None, policy: str, interval: float,
+               device: str | None, slots: int | None, cores_per_slot: int | None,
+               db_url: str | None, checkpoint_interval: float, foreground: bool) -> None:
+    """Start the scheduler service (returns once its API answers)."""
+    folder = shoal_home(home)
+    url = running_url(folder)
+    if url:
+        click.echo(f"shoal is already running at {url} (home {folder})")
+        return
+    options = {"policy": policy, "interval": interval, "device": device, "slots": slots,
+               "cores_per_slot": cores_per_slot, "db_url": db_url,
+               "checkpoint_interval": checkpoint_interval}
+    if foreground:
+        from shoal.service.__main__ import main as serve_main
+        from shoal.service.config import port_path
+        from shoal.service.launch import service_command
+
+        folder.mkdir(parents=True, exist_ok=True)
+        chosen = choose_port(folder, port)
+        port_path(folder).write_text(str(chosen))
+        click.echo(f"shoal: serving on http://127.0.0.1:{chosen} (home {folder}); Ctrl-C stops")
+        serve_main(service_command(folder, chosen, options)[3:])
+        return
+    try:
+        url, pid = start_background(folder, port, **options)
+    except LaunchError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"shoal is up at {url} (pid {pid}, home {folder}); API docs at {url}/docs")

@@ -1,0 +1,1 @@
+"""Builders of the evaluation data shoal ships (derived from ../shared/data, reproducibly)."""

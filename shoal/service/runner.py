@@ -1,0 +1,326 @@
+"""The service's engine: the scheduler core, the local backend and the store, under one lock.
+
+HTTP handlers and the round loop both call into :class:`Runner`; every call takes the lock,
+so the core sees one caller at a time. Each round persists what changed; a restarted service
+rebuilds its records from the store and re-adopts the replicas that outlived the old one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from shoal.backends.local.backend import LocalBackend
+from shoal.backends.local.devices import detect_pool
+from shoal.backends.local.job import LocalJob, Phase, RunSettings
+from shoal.core.scheduler import Scheduler
+from shoal.core.state import JobRecord
+from shoal.core.types import TERMINAL_STATES, Allocation, JobState
+from shoal.perf.efficiency import efficiency
+from shoal.policy.registry import make_policy
+from shoal.service.config import ServiceConfig
+from shoal.service.store import Store
+from shoal.spec.errors import SpecError
+from shoal.spec.job import JobSpec
+
+log = logging.getLogger(__name__)
+
+
+class DuplicateJob(SpecError):
+    pass
+
+
+def _alloc_json(alloc: Allocation | None) -> list[Any] | None:
+    return None if alloc is None else [alloc.device_type, list(alloc.nodes)]
+
+
+def _alloc_from(data: list[Any] | None) -> Allocation | None:
+    return None if not data else Allocation(str(data[0]), tuple(int(n) for n in data[1]))
+
+
+class Runner:
+    def __init__(self, config: ServiceConfig):
+        self.config = config
+        self.lock = threading.RLock()
+        for sub in ("logs", "checkpoints", "runs"):
+            (config.home / sub).mkdir(parents=True, exist_ok=True)
+        self.pool = detect_pool(config.device, config.slots, config.cores_per_slot)
+        self.store = Store(config.database)
+        settings = RunSettings(
+            home=config.home,
+            pool=self.pool,
+            max_retries=config.max_retries,
+            backoff_s=config.backoff_s,
+            checkpoint_interval_s=config.checkpoint_interval_s,
+            scheduler_url=config.url,
+        )
+        self.backend = LocalBackend(settings)
+        policy = make_policy(config.policy)
+        if hasattr(policy, "restart_delay"):
+            policy.restart_delay = config.restart_delay_s
+        self.scheduler = Scheduler(policy, self.backend)
+        self.workdirs: dict[str, Path] = {}
+        self.seq: dict[str, int] = {}
+        self._saved_events = 0
+        self._saved_terminal: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.started_at = time.time()
+        self._recover()
+
+    # ----- recovery -----
+    def _recover(self) -> None:
+        for row in self.store.jobs():
+            spec = JobSpec.model_validate(row.spec)
+            record = JobRecord(
+                spec,
+                state=JobState(row.state),
+                batch_size=row.batch_size,
+                start_time=row.start_time,
+                finish_time=row.finish_time,
+                failure=row.failure,
+                num_starts=row.num_starts,
+                device_seconds=row.device_seconds,
+                history=[(t, _alloc_from(a)) for t, a in row.history],
+            )
+            self.scheduler.records[spec.name] = record
+            self.workdirs[spec.name] = Path(row.workdir)
+            self.seq[spec.name] = row.seq
+            if not record.active:
+                self._saved_terminal.add(spec.name)
+                continue
+            limits = self.backend.base_limits(spec)
+            job = self.backend.adopt(spec, Path(row.workdir), limits)
+            record.limits = job.limits
+            if job.phase == Phase.RUNNING:
+                record.allocation = job.running_allocation
+                record.state = JobState.RUNNING
+            else:
+                record.allocation = None
+                record.state = JobState.PENDING
+            log.info("recovered %s as %s (%s)", spec.name, record.state, job.phase)
+
+    # ----- user actions -----
+    def validate(self, spec: JobSpec) -> None:
+        if spec.name in self.scheduler.records:
+            raise DuplicateJob(
+                f"a job named '{spec.name}' already exists; choose another name", field="name"
+            )
+        if not spec.command:
+            raise SpecError(
+                "the local backend runs a program: add e.g. command: [\"python\", \"train.py\"]",
+                field="command",
+            )
+
+    def submit(self, spec: JobSpec, workdir: Path | None = None) -> dict[str, Any]:
+        with self.lock:
+            self.validate(spec)
+            now = self.backend.now()
+            spec = spec.model_copy(update={"submit_time": now})
+            self.backend.pending_workdir = Path(workdir or Path.cwd())
+            self.workdirs[spec.name] = self.backend.pending_workdir
+            self.seq[spec.name] = max(self.seq.values(), default=-1) + 1
+            record = self.scheduler.submit(spec)
+            self._persist()
+            return self.describe(record)
+
+    def cancel(self, name: str) -> dict[str, Any]:
+        with self.lock:
+            record = self.scheduler.cancel(name)
+            self.backend.cancel(name)
+            self._persist()
+            return self.describe(record)
+
+    def report(self, name: str, payload: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            record = self.scheduler.records.get(name)
+            if record is None or not record.active:
+                raise KeyError(name)
+            return self.backend.report(name, payload)
+
+    # ----- the loop -----
+    def round(self) -> None:
+        with self.lock:
+            for name, limits in self.backend.learned_limits().items():
+                record = self.scheduler.records.get(name)
+                if record is not None and record.active:
+                    record.limits = limits
+            self.scheduler.round()
+            self._persist()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="shoal-rounds", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.round()
+            except Exception:  # keep scheduling; the traceback is in the service log
+                log.exception("scheduling round failed")
+            self._stop.wait(self.config.interval_s)
+
+    def shutdown(self, timeout_s: float = 60.0) -> None:
+        """Stop the loop, checkpoint every running job (they resume at the next start)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        with self.lock:
+            self.backend.stop_all(timeout_s)
+            self.scheduler.observe()
+            for record in self.scheduler.records.values():
+                if record.active and record.allocation is not None:
+                    job = self.backend.jobs.get(record.name)
+                    if job is not None and job.phase != Phase.RUNNING:
+                        record.allocation = None
+                        record.transition(JobState.PENDING, self.backend.now(),
+                                          self.scheduler.events, "service stopped")
+            self._persist()
+            self.store.close()
+
+    # ----- persistence -----
+    def _persist(self) -> None:
+        rows = []
+        for record in self.scheduler.records.values():
+            if record.name in self._saved_terminal:
+                continue
+            rows.append(self._row(record))
+            if record.state in TERMINAL_STATES:
+                self._saved_terminal.add(record.name)
+        if rows:
+            self.store.save_jobs(rows)
+        events = self.scheduler.events[self._saved_events:]
+        if events:
+            self.store.add_events((e.time, e.job, e.kind, e.detail) for e in events)
+            self._saved_events = len(self.scheduler.events)
+
+    def _row(self, record: JobRecord) -> dict[str, Any]:
+        job = self.backend.jobs.get(record.name)
+        return {
+            "name": record.name,
+            "seq": self.seq.get(record.name, 0),
+            "spec": record.spec.model_dump(mode="json"),
+            "workdir": str(self.workdirs.get(record.name, Path.cwd())),
+            "state": str(record.state),
+            "submit_time": record.spec.submit_time,
+            "start_time": record.start_time,
+            "finish_time": record.finish_time,
+            "failure": record.failure,
+            "batch_size": record.batch_size,
+            "allocation": _alloc_json(record.allocation),
+            "history": [[t, _alloc_json(a)] for t, a in record.history],
+            "num_starts": record.num_starts,
+            "device_seconds": record.device_seconds,
+            "summary": self._job_summary(record, job),
+        }
+
+    # ----- views -----
+    def _job_summary(self, record: JobRecord, job: LocalJob | None) -> dict[str, Any]:
+        if job is None:
+            return self._stored(record)
+        summary = job.model.summary()
+        summary.update(
+            resizes=job.resizes,
+            runs=[{"time": t, "replicas": n} for t, n in job.runs],
+            phase=str(job.phase),
+            crashes=job.crashes,
+            attempt=job.attempt,
+            replica_pids=[r.pid for r in job.replicas],
+            goodput=self._goodput(job),
+        )
+        return summary
+
+    @staticmethod
+    def _goodput(job: LocalJob) -> float | None:
+        """Samples per second times statistical efficiency at the batch in use."""
+        model, limits = job.model, job.limits
+        if model.grad is None or not model.batch_size or not model.samples_per_second:
+            return model.samples_per_second or None
+        eff = float(efficiency(model.grad, model.batch_size, limits.init_batch_size))
+        return model.samples_per_second * eff
+
+    def _stored(self, record: JobRecord) -> dict[str, Any]:
+        for row in self.store.jobs():
+            if row.name == record.name:
+                return dict(row.summary or {})
+        return {}
+
+    def describe(self, record: JobRecord, stored: dict[str, Any] | None = None) -> dict[str, Any]:
+        job = self.backend.jobs.get(record.name)
+        summary = stored if job is None and stored is not None else self._job_summary(record, job)
+        alloc = record.allocation
+        end = record.finish_time
+        return {
+            **{k: v for k, v in summary.items() if k != "batch_size"},
+            "name": record.name,
+            "state": str(record.state),
+            "tenant": record.spec.tenant,
+            "application": record.spec.application,
+            "submit_time": record.spec.submit_time,
+            "start_time": record.start_time,
+            "finish_time": end,
+            "jct": None if end is None else end - record.spec.submit_time,
+            "failure": record.failure,
+            "allocation": None if alloc is None else {
+                "device_type": alloc.device_type, "replicas": alloc.num_replicas,
+                "nodes": list(alloc.nodes),
+            },
+            "history": [
+                {"time": t, "replicas": 0 if a is None else a.num_replicas,
+                 "device_type": None if a is None else a.device_type}
+                for t, a in record.history
+            ],
+            "batch_size": record.batch_size,
+            "num_restarts": record.num_restarts,
+            "device_seconds": record.device_seconds,
+            "workdir": str(self.workdirs.get(record.name, "")),
+            "spec": record.spec.model_dump(mode="json"),
+        }
+
+    def jobs(self) -> list[dict[str, Any]]:
+        with self.lock:
+            records = sorted(self.scheduler.records.values(), key=lambda r: self.seq.get(r.name, 0))
+            stored = {row.name: dict(row.summary or {}) for row in self.store.jobs()}
+            return [self.describe(r, stored.get(r.name, {})) for r in records]
+
+    def job(self, name: str) -> dict[str, Any]:
+        with self.lock:
+            return self.describe(self.scheduler.records[name])
+
+    def cluster(self) -> dict[str, Any]:
+        with self.lock:
+            used: dict[int, list[str]] = {}
+            for record in self.scheduler.records.values():
+                if record.allocation is not None and record.active:
+                    for node in record.allocation.nodes:
+                        used.setdefault(node, []).append(record.name)
+            nodes = [
+                {"node_id": n.node_id, "device_type": n.device_type, "capacity": n.capacity,
+                 "used": len(used.get(n.node_id, [])), "jobs": used.get(n.node_id, [])}
+                for n in self.backend.cluster().nodes
+            ]
+            return {
+                "pool": self.pool.describe(),
+                "device_type": self.pool.device_type,
+                "threads_per_slot": self.pool.threads_per_slot,
+                "nodes": nodes,
+                "policy": self.scheduler.policy.name,
+                "interval_s": self.config.interval_s,
+                "rounds": len(self.scheduler.rounds),
+            }
+
+    def events(self, job: str | None, after_id: int) -> list[dict[str, Any]]:
+        with self.lock:
+            return [
+                {"id": e.id, "time": e.time, "job": e.job, "kind": e.kind, "detail": e.detail}
+                for e in self.store.events(job, after_id)
+            ]
+
+    def log_path(self, name: str, rank: int) -> Path:
+        with self.lock:
+            if name not in self.scheduler.records:
+                raise KeyError(name)
+        return self.config.home / "logs" / name / f"rank{rank}.log"

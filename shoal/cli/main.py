@@ -27,6 +27,7 @@ def _register() -> None:
     cli.add_command(__import__("shoal.cli.cancel", fromlist=["x"]).cancel_command)
     cli.add_command(__import__("shoal.cli.top", fromlist=["x"]).top_command)
     cli.add_command(__import__("shoal.cli.serve", fromlist=["x"]).serve_sim_command)
+    cli.add_command(__import__("shoal.cli.serve", fromlist=["x"]).loadgen_command)
     cli.add_command(__import__("shoal.cli.plan", fromlist=["plan_command"]).plan_command)
 
 

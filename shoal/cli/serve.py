@@ -74,3 +74,44 @@ def serve_sim_command(trace: str, models: int, devices: str, slo_scale: float, c
         from shoal.serve.plots import plot_policies
 
         plot_policies(results, plot_out)
+
+
+@click.command("loadgen")
+@click.argument("url")
+@click.option("--trace", required=True,
+              help="CSV of arrivals: an Azure trace (TIMESTAMP column, or the names code / conv) "
+                   "or any CSV with an arrival_s column (seconds).")
+@click.option("--duration", "duration_s", default=30.0, show_default=True, type=float,
+              help="send the arrivals of the first seconds of the (rate-scaled) trace")
+@click.option("--rate-scale", default=1.0, show_default=True, type=float,
+              help="multiply the trace's arrival rate (time compression)")
+@click.option("--slo", "slo_s", default=0.25, show_default=True, type=float,
+              help="latency SLO in seconds; deadline = scheduled arrival + SLO")
+@click.option("--max-requests", default=5000, show_default=True, type=int,
+              help="send at most this many requests")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False),
+              help="write the summary and per-request latencies as JSON")
+def loadgen_command(url: str, trace: str, duration_s: float, rate_scale: float, slo_s: float,
+                    max_requests: int, json_out: str | None) -> None:
+    """Replay a trace's arrival times open-loop against a model server or router at URL
+    (loopback only) and report SLO attainment and latency percentiles."""
+    from shoal.serve.loadgen import run_loadgen
+
+    try:
+        result = run_loadgen(url, trace, slo_s, duration_s, rate_scale, max_requests)
+    except SpecError as exc:
+        raise click.UsageError(str(exc)) from exc
+    s = result.summary
+    table = Table(title=f"loadgen: {url}, {trace}, x{rate_scale}, SLO {slo_s * 1000:g} ms")
+    for column in ("requests", "offered/s", "SLO attainment", "p50 (ms)", "p99 (ms)",
+                   "rejected (503)", "errors", "mean batch", "p99 send lag (ms)"):
+        table.add_column(column)
+    table.add_row(str(s["requests"]), f"{s['offered_rps']:.1f}",
+                  f"{100 * s['slo_attainment']:.2f}%", f"{1000 * s['p50_latency_s']:.1f}",
+                  f"{1000 * s['p99_latency_s']:.1f}", str(s["rejected_503"]), str(s["errors"]),
+                  f"{s['mean_batch_size']:.2f}", f"{1000 * s['p99_send_lag_s']:.1f}")
+    Console().print(table)
+    if json_out:
+        payload = {"url": url, "trace": trace, "duration_s": duration_s,
+                   "rate_scale": rate_scale, "slo_s": slo_s, **result.as_json()}
+        Path(json_out).write_text(json.dumps(payload, indent=2))

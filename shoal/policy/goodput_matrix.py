@@ -10,29 +10,36 @@ from shoal.core.types import JobView
 from shoal.policy.configs import Config
 
 
-def max_replicas(job: JobView, capacity: int) -> int:
-    """A job may at most double the largest size it has run at (its model extrapolates 2x)."""
+def max_replicas(job: JobView, capacity: int, growth: float = 2.0) -> int:
+    """A job grows at most ``growth`` times the largest size it has run at (its model is
+    trusted that far beyond what it measured)."""
     profiled = max(job.hints.max_profiled_replicas.values(), default=0)
-    cap = min(max(2 * profiled, 1), capacity, job.limits.max_replicas)
+    cap = min(max(int(growth * profiled), 1), capacity, job.limits.max_replicas)
     if job.spec.max_replicas is not None:
         cap = min(cap, job.spec.max_replicas)
     return cap
 
 
-def goodput_row(job: JobView, configs: Sequence[Config]) -> np.ndarray:
+def goodput_row(
+    job: JobView, configs: Sequence[Config], mask: np.ndarray | None = None
+) -> np.ndarray:
     """Goodput of each configuration for ``job`` (samples/s at its initial batch size).
+
+    Only configurations where ``mask`` is true are evaluated; the others get zero.
 
     A device type the job has no model for borrows the model of a type it has run on (the
     projection Sia bootstraps with); a job with no model yet is assumed to scale linearly.
     """
     models = job.hints.goodput
     out = np.zeros(len(configs))
+    wanted = np.ones(len(configs), dtype=bool) if mask is None else mask
     if not models:
-        return np.array([float(c.replicas) for c in configs])
+        return np.where(wanted, [float(c.replicas) for c in configs], 0.0)
     fallback = next(iter(models.values()))
     by_type: dict[str, list[int]] = {}
     for i, c in enumerate(configs):
-        by_type.setdefault(c.device_type, []).append(i)
+        if wanted[i]:
+            by_type.setdefault(c.device_type, []).append(i)
     for dtype, idx in by_type.items():
         model = models.get(dtype, fallback)
         nodes = np.array([configs[i].nodes for i in idx])

@@ -20,6 +20,7 @@ no longer fits. Phase 3 hands out what is left, placement-aware.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -161,25 +162,31 @@ class PolluxPolicy:
             return float(ratio[r]), r
 
         # Cached bests only lose candidates as devices run out, so a cached best that is still
-        # feasible is exact; an infeasible one is recomputed before it can be chosen.
-        best = [row_best(j) for j in range(len(state))]
-        while free > 0:
-            j = max(range(len(state)), key=lambda i: best[i][0])
-            ratio, r = best[j]
-            if not ratio > 0:
+        # feasible is exact; an infeasible one is recomputed before it can be chosen. A heap of
+        # (best ratio, job) with lazy invalidation finds the next move in O(log jobs).
+        heap = []
+        for j in range(len(state)):
+            ratio, r = row_best(j)
+            heap.append((-ratio, j, r))
+        heapq.heapify(heap)
+        while free > 0 and heap:
+            neg_ratio, j, r = heapq.heappop(heap)
+            if not -neg_ratio > 0:
                 break
             have = counts[j]
+            if r <= have:
+                continue
             own = need[have] if have > per_node else 0
             feasible = r - have <= free and (
                 r <= per_node or dist_nodes - own + need[r] <= num_nodes
             )
-            if not feasible:
-                best[j] = row_best(j)
-                continue
-            free -= r - have
-            dist_nodes += (need[r] if r > per_node else 0) - own
-            counts[j] = r
-            best[j] = row_best(j)
+            if feasible:
+                free -= r - have
+                dist_nodes += (need[r] if r > per_node else 0) - own
+                counts[j] = r
+            ratio, r = row_best(j)
+            if ratio > 0:
+                heapq.heappush(heap, (-ratio, j, r))
         return counts
 
     # ----- phase 2: nodes -----

@@ -46,6 +46,7 @@ class ShoalKnobs:
     idle_speedup: float = 1.1**-2  # utility of no devices, as a speedup below the smallest
     alpha: float = 0.5  # 0: fairness only; 1: strongly shortest-remaining-first
     restart_delay: float = 30.0
+    growth: float = 2.0  # how far beyond its largest measured size a job may be grown
     heterogeneity: bool = True
     adapt_batch: bool = True
     restart_aware: bool = True
@@ -88,19 +89,20 @@ class ShoalPolicy:
         cost = np.full((len(jobs), len(configs)), np.inf)
         idle = np.zeros(len(jobs))
         forced: dict[int, int] = {}
+        capacity = cluster.capacity()
         for j, job in enumerate(jobs):
             weight = self._weight(job, now)
             sign = 1.0 if k.p < 0 else -1.0
             idle[j] = sign * weight * k.idle_speedup**k.p
-            goodput = goodput_row(job, configs)
-            if not k.heterogeneity and job.hints.goodput:
-                goodput = self._type_blind(goodput, configs)
-            cap = max_replicas(job, cluster.capacity())
-            ok = (replicas <= cap) & (goodput > 0)
+            ok = replicas <= max_replicas(job, capacity, k.growth)
             if job.spec.rigid:
                 ok &= replicas == job.spec.num_replicas
             if job.spec.device_types:
                 ok &= np.array([c.device_type in job.spec.device_types for c in configs])
+            goodput = goodput_row(job, configs, ok)
+            if not k.heterogeneity and job.hints.goodput:
+                goodput = self._type_blind(goodput, configs)
+            ok &= goodput > 0
             if not ok.any():
                 continue
             speedup = goodput / goodput[ok].min()

@@ -37,10 +37,11 @@ class SiaPolicy:
         configs = cluster_configs(cluster)
         replicas = np.array([c.replicas for c in configs])
         cost = np.full((len(jobs), len(configs)), np.inf)
+        capacity = cluster.capacity()
         for j, job in enumerate(jobs):
-            goodput = goodput_row(job, configs)
-            cap = max_replicas(job, cluster.capacity())
-            ok = (replicas <= cap) & (goodput > 0)
+            ok = replicas <= max_replicas(job, capacity)
+            goodput = goodput_row(job, configs, ok)
+            ok &= goodput > 0
             if not ok.any():
                 continue
             speedup = goodput / goodput[ok].min()

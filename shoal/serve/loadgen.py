@@ -95,6 +95,8 @@ class LoadResult:
     sent_s: np.ndarray
     status: np.ndarray  # HTTP status, 0 for a transport error or timeout
     batch_size: np.ndarray  # batch the request was served in, 0 if not served
+    queue_s: np.ndarray  # server-side wait before its batch started (nan if not served)
+    compute_s: np.ndarray  # server-side run time of its batch (nan if not served)
     summary: dict[str, float] = field(default_factory=dict)
 
     def as_json(self) -> dict:
@@ -121,6 +123,8 @@ async def run_open_loop(url: str, arrival_s: np.ndarray, slo_s: float,
     sent = np.full(n, np.nan)
     status = np.zeros(n, dtype=np.int64)
     batch = np.zeros(n, dtype=np.int64)
+    queue = np.full(n, np.nan)
+    compute = np.full(n, np.nan)
     loop = asyncio.get_running_loop()
     start = loop.time() + start_delay_s
     wall_start = time.time() + start_delay_s
@@ -135,7 +139,10 @@ async def run_open_loop(url: str, arrival_s: np.ndarray, slo_s: float,
         status[i] = answer.status_code
         if answer.status_code == 200:
             finish[i] = loop.time() - start
-            batch[i] = int(answer.json().get("batch_size", 0))
+            served = answer.json()
+            batch[i] = int(served.get("batch_size", 0))
+            queue[i] = float(served.get("queue_s", np.nan))
+            compute[i] = float(served.get("compute_s", np.nan))
 
     async with httpx.AsyncClient(transport=no_delay_transport(), timeout=timeout_s) as client:
         tasks = []
@@ -145,7 +152,7 @@ async def run_open_loop(url: str, arrival_s: np.ndarray, slo_s: float,
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(one(client, i)))
         await asyncio.gather(*tasks)
-    result = LoadResult(arrival, arrival + slo_s, finish, sent, status, batch)
+    result = LoadResult(arrival, arrival + slo_s, finish, sent, status, batch, queue, compute)
     result.summary = summarize_load(result)
     return result
 

@@ -13,9 +13,9 @@ from torch import nn
 
 from shoal.serve.wire import SEQ_LEN, VOCAB
 
-HIDDEN = 256
+HIDDEN = 128
 HEADS = 4
-LAYERS = 4
+LAYERS = 2
 CLASSES = 10
 PAD = 0
 

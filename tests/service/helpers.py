@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import time
@@ -23,7 +24,7 @@ SERVICE_OPTIONS: dict[str, object] = {
     "checkpoint_interval": 2.0,
     "max_retries": 2,
     "backoff": 0.5,
-    "restart_delay": 5.0,
+    "restart_delay": 2.0,
     "policy": "pollux",
 }
 
@@ -87,7 +88,11 @@ class Service:
     def diagnostics(self) -> str:
         service_log = (self.home / "service.log")
         text = service_log.read_text(errors="replace")[-3000:] if service_log.exists() else ""
-        return f"service log tail:\n{text}"
+        try:
+            jobs = json.dumps(self.jobs(), indent=1, default=str)[-4000:]
+        except httpx.HTTPError as exc:
+            jobs = f"(service unreachable: {exc})"
+        return f"service log tail:\n{text}\njobs:\n{jobs}"
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float, what: str,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ def service(tmp_path_factory: pytest.TempPathFactory):
 
 def _went_up_then_down(counts: list[int]) -> bool:
     peak = 0
-    for previous, current in zip(counts, counts[1:], strict=False):
+    for previous, current in itertools.pairwise(counts):
         if current > previous:
             peak = current
         elif peak and current < peak:
@@ -29,15 +30,15 @@ def _went_up_then_down(counts: list[int]) -> bool:
 
 
 def test_three_jobs_resize_while_training_and_finish(service: Service) -> None:
-    assert service.submit(job_yaml("first", epochs=6, sleep=0.1)).status_code == 201
+    assert service.submit(job_yaml("first", epochs=4, sleep=0.1)).status_code == 201
     # Alone on two slots, the adaptive policy grows the first job once it has profiled itself.
-    def running_on_two() -> bool:
-        job = service.job("first")
-        return job["state"] == "running" and (job["allocation"] or {}).get("replicas") == 2
+    def trained_on_two() -> bool:
+        return any(row["num_replicas"] == 2 for row in service.job("first")["profile"])
 
-    wait_until(running_on_two, 90, "first job to grow", service.diagnostics)
+    wait_until(trained_on_two, 90, "first job to grow and train on 2 replicas",
+               service.diagnostics)
     for name in ("second", "third"):
-        assert service.submit(job_yaml(name, epochs=2, sleep=0.05)).status_code == 201
+        assert service.submit(job_yaml(name, epochs=1, sleep=0.05)).status_code == 201
     names = ["first", "second", "third"]
     wait_until(lambda: all_done(service, names), 150, "all jobs to finish", service.diagnostics)
 
@@ -60,7 +61,8 @@ def test_three_jobs_resize_while_training_and_finish(service: Service) -> None:
 
 
 def test_killed_replica_resumes_from_checkpoint(service: Service) -> None:
-    assert service.submit(job_yaml("crashy", epochs=5, sleep=0.1, max_replicas=1)).status_code == 201
+    crashy = job_yaml("crashy", epochs=4, sleep=0.1, max_replicas=1)
+    assert service.submit(crashy).status_code == 201
     checkpoint = service.home / "checkpoints" / "crashy" / "state.pt"
 
     def trained_and_checkpointed() -> bool:
@@ -74,7 +76,7 @@ def test_killed_replica_resumes_from_checkpoint(service: Service) -> None:
                service.diagnostics)
     job = service.job("crashy")
     assert job["state"] == "finished", job.get("failure")
-    assert job["num_restarts"] >= 1
+    assert job["attempt"] >= 2 and job["crashes"] == 0
     log = service.log_text("crashy")
     assert "attempt 2" in log and "restored at step" in log
     done = json.loads((checkpoint.parent / "done.json").read_text())

@@ -19,7 +19,9 @@ def service(tmp_path_factory: pytest.TempPathFactory):
 
 def test_api_rejects_malformed_specs_naming_the_field(service: Service) -> None:
     # An accepted job that must stay untouched; its command fails fast, no torch needed.
-    accepted = 'name: keeper\napplication: x\ncommand: ["python", "-c", "import time; time.sleep(30)"]\n'
+    accepted = (
+        'name: keeper\napplication: x\ncommand: ["python", "-c", "import time; time.sleep(30)"]\n'
+    )
     assert service.submit(accepted).status_code == 201
     before = [(j["name"], j["submit_time"]) for j in service.jobs()]
 

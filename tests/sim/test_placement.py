@@ -30,6 +30,12 @@ def test_device_type_and_pinned_nodes_are_honoured():
 
 
 def test_a_grant_that_does_not_fit_is_left_unplaced():
-    placed = place({"a": Grant(12), "b": Grant(1)}, CLUSTER, {})
+    placed = place({"a": Grant(12), "b": Grant(9)}, CLUSTER, {})
     assert placed["a"].num_replicas == 12
     assert "b" not in placed
+
+
+def test_a_grant_without_type_falls_back_to_a_type_where_it_fits():
+    placed = place({"a": Grant(12), "b": Grant(3)}, CLUSTER, {})
+    assert placed["a"] == Allocation("t4", (0,) * 4 + (1,) * 4 + (2,) * 4)
+    assert placed["b"] == Allocation("v100", (3, 3, 3))

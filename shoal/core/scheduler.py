@@ -108,6 +108,7 @@ class Scheduler:
             if record is None or not record.active:
                 continue
             record.device_seconds = status.device_seconds
+            record.profiling_seconds = float(status.extra.get("profiling_seconds", 0.0))
             if status.hints is not None:
                 record.hints = status.hints
             if status.batch_size:

@@ -51,6 +51,7 @@ class JobRecord:
     failure: str | None = None
     num_starts: int = 0
     device_seconds: float = 0.0
+    profiling_seconds: float = 0.0
     hints: ModelHints = field(default_factory=ModelHints)
     history: list[tuple[float, Allocation | None]] = field(default_factory=list)
 

@@ -40,6 +40,7 @@ def summarize(result, fairness: bool = True) -> dict[str, Any]:
             "jct_s": jct,
             "restarts": rec.num_restarts,
             "device_seconds": rec.device_seconds,
+            "profiling_device_seconds": rec.profiling_seconds,
             "failure": rec.failure,
         })
     if fairness and hasattr(result, "isolated_jct"):
@@ -67,6 +68,7 @@ def summarize(result, fairness: bool = True) -> dict[str, Any]:
         "makespan_s": makespan,
         "utilization": used / (capacity * makespan) if makespan > 0 else 0.0,
         "device_hours_per_job": used / 3600 / max(len(jobs), 1),
+        "profiling_device_hours": sum(j["profiling_device_seconds"] for j in jobs) / 3600,
         "restarts_per_job": statistics.fmean([j["restarts"] for j in jobs]) if jobs else 0.0,
         "worst_ftf": max(ftfs) if ftfs else None,
         "median_decision_ms": 1e3 * statistics.median(decision) if decision else 0.0,

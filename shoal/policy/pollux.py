@@ -58,15 +58,17 @@ class PolluxPolicy:
 
     # ----- model -----
     def _jobs(self, views: Sequence[JobView], cluster: ClusterState, dtype: str) -> list[_Job]:
-        capacity = cluster.capacity(dtype)
+        # Pollux is heterogeneity-unaware: on a mixed cluster every device counts the same and
+        # a job uses the model of the first type it knows (preferring ``dtype``).
+        capacity = cluster.capacity()
         fair = math.ceil(capacity / max(len(views), 1))
         out = []
         for view in views:
-            profiled = view.hints.max_profiled_replicas.get(dtype, 0)
+            profiled = max(view.hints.max_profiled_replicas.values(), default=0)
             cap = min(max(2 * profiled, 1), capacity, view.limits.max_replicas)
             if view.spec.max_replicas is not None:
                 cap = min(cap, view.spec.max_replicas)
-            model = view.hints.goodput.get(dtype)
+            model = view.hints.goodput.get(dtype) or next(iter(view.hints.goodput.values()), None)
             speedup = None
             if model is not None:
                 base = float(model.optimize(1, fair).goodput)
@@ -78,8 +80,6 @@ class PolluxPolicy:
                 age + self.restart_delay
             )
             current = view.allocation.per_node() if view.allocation else {}
-            if view.allocation is not None and view.allocation.device_type != dtype:
-                current = {}
             out.append(_Job(view, cap, speedup, fair, factor, current))
         return out
 
@@ -87,11 +87,12 @@ class PolluxPolicy:
         if not jobs:
             return {}
         dtype = cluster.device_types[0]
-        nodes = cluster.nodes_of(dtype)
+        nodes = list(cluster.nodes)
+        self._type_of = {n.node_id: n.device_type for n in nodes}
         per_node = max(n.capacity for n in nodes)
-        scale = len(nodes) / cluster.capacity(dtype)
+        scale = len(nodes) / cluster.capacity()
         state = self._jobs(jobs, cluster, dtype)
-        counts = self._choose_counts(state, cluster.capacity(dtype), len(nodes), per_node, scale)
+        counts = self._choose_counts(state, cluster.capacity(), len(nodes), per_node, scale)
         placed = self._place(state, counts, nodes, per_node)
         placed = self._fill(state, placed, nodes, scale)
         decision: Decision = {}
@@ -100,15 +101,14 @@ class PolluxPolicy:
             if not alloc:
                 continue
             node_ids = tuple(n for n in sorted(alloc) for _ in range(alloc[n]))
-            decision[job.view.name] = Grant(len(node_ids), dtype, node_ids)
+            decision[job.view.name] = Grant(len(node_ids), self._type_of[node_ids[0]], node_ids)
         return decision
 
     def objective(self, decision: Decision, jobs: Sequence[JobView],
                   cluster: ClusterState) -> float:
         """The power mean (p = -1) this policy maximizes, for any decision."""
         dtype = cluster.device_types[0]
-        nodes = cluster.nodes_of(dtype)
-        scale = len(nodes) / cluster.capacity(dtype)
+        scale = len(cluster.nodes) / cluster.capacity()
         total = 0.0
         for job in self._jobs(jobs, cluster, dtype):
             grant = decision.get(job.view.name)
@@ -229,22 +229,24 @@ class PolluxPolicy:
             if fits:
                 best = min(fits, key=lambda n: (free[n], n))
                 return {best: count}
-        spread = sorted((n for n, f in free.items() if f > 0 and n not in owner),
-                        key=lambda n: (-free[n], n))
-        alloc: dict[int, int] = {}
-        left = count
-        for n in spread[: self.max_nodes_per_job]:
-            take = min(free[n], left)
-            alloc[n] = take
-            left -= take
-            if left == 0:
-                return alloc
+        # A distributed job spans nodes of one device type only.
+        for dtype in dict.fromkeys(self._type_of.values()):
+            spread = sorted((n for n, f in free.items()
+                             if f > 0 and n not in owner and self._type_of[n] == dtype),
+                            key=lambda n: (-free[n], n))
+            alloc: dict[int, int] = {}
+            left = count
+            for n in spread[: self.max_nodes_per_job]:
+                take = min(free[n], left)
+                alloc[n] = take
+                left -= take
+                if left == 0:
+                    return alloc
         return None
 
     # ----- phase 3: leftovers -----
     def _fill(self, state, placed, nodes, scale) -> dict[str, dict[int, int]]:
         free, owner = self._free, self._owner
-        per_node = max(n.capacity for n in nodes)
 
         def value(job: _Job, alloc: dict[int, int]) -> float:
             if not alloc:
@@ -270,6 +272,7 @@ class PolluxPolicy:
                     if len(grown) > 1 and (
                         len(grown) > self.max_nodes_per_job
                         or any(owner.get(m, name) != name for m in grown)
+                        or len({self._type_of[m] for m in grown}) > 1
                     ):
                         continue
                     gain = old_cost - 1.0 / (value(job, grown) + _EPS)
@@ -283,5 +286,4 @@ class PolluxPolicy:
             if len(grown) > 1:
                 for m in grown:
                     owner[m] = name
-        del per_node
         return placed

@@ -49,6 +49,17 @@ def _shoal() -> Policy:
     return ShoalPolicy()
 
 
+def _shoal_ablation(**switches) -> Callable[[], Policy]:
+    def factory() -> Policy:
+        from shoal.policy.shoal import ShoalPolicy
+
+        policy = ShoalPolicy(**switches)
+        policy.name = "shoal-" + "-".join(f"no-{k.replace('_', '-')}" for k in switches)
+        return policy
+
+    return factory
+
+
 POLICIES: dict[str, Callable[[], Policy]] = {
     "fifo": _fifo,
     "tiresias": _tiresias,
@@ -57,6 +68,11 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "gavel": _gavel,
     "sia": _sia,
     "shoal": _shoal,
+    # Ablations of shoal, each with one feature turned off.
+    "shoal-no-heterogeneity": _shoal_ablation(heterogeneity=False),
+    "shoal-no-adapt-batch": _shoal_ablation(adapt_batch=False),
+    "shoal-no-restart-aware": _shoal_ablation(restart_aware=False),
+    "shoal-no-remaining-work": _shoal_ablation(remaining_work=False),
 }
 
 

@@ -42,11 +42,11 @@ DEVICE_HOUR = 3600.0
 
 @dataclass(frozen=True)
 class ShoalKnobs:
-    p: float = -0.5
+    p: float = -1.0
     idle_speedup: float = 1.1**-2  # utility of no devices, as a speedup below the smallest
     alpha: float = 0.5  # 0: fairness only; 1: strongly shortest-remaining-first
     restart_delay: float = 30.0
-    growth: float = 2.0  # how far beyond its largest measured size a job may be grown
+    growth: float = 4.0  # how far beyond its largest measured size a job may be grown
     heterogeneity: bool = True
     adapt_batch: bool = True
     restart_aware: bool = True

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 
+from shoal.serve.launch import run_fast
 from shoal.serve.sim.metrics import summarize_requests
 from shoal.serve.sim.workload import azure_trace_path, read_trace
 from shoal.serve.wire import example_tokens, no_delay_transport
@@ -178,4 +179,4 @@ def run_loadgen(url: str, trace: str | Path, slo_s: float, duration_s: float | N
     """Load the trace's arrivals and replay them open-loop against ``url``."""
     url = check_loopback(url)
     arrival = load_arrivals(trace, duration_s, rate_scale, max_requests)
-    return asyncio.run(run_open_loop(url, arrival, slo_s))
+    return run_fast(run_open_loop(url, arrival, slo_s))

@@ -2,9 +2,10 @@
 
 Endpoints:
 * ``POST /infer`` ``{"tokens": [ids], "deadline": unix_s | null, "slo_s": s | null}`` ->
-  ``{"label", "confidence", "batch_size", "queue_s", "compute_s"}``; HTTP 503 with
-  ``{"rejected": true, "stage", "detail"}`` when the request would miss its deadline
-  (``deadline`` is absolute; ``slo_s`` is relative to when the server receives the request).
+  ``{"label", "confidence", "batch_size", "queue_s", "compute_s", "received_unix"}``;
+  HTTP 503 with ``{"rejected": true, "stage", "detail", "received_unix"}`` when the request
+  would miss its deadline (``deadline`` is absolute unix seconds; ``slo_s`` is relative to when
+  the server receives the request).
 * ``POST /profile`` ``{"batch_sizes": [...], "repeats": n}`` -> median seconds per batch size,
   measured on the inference thread of this process.
 * ``GET /health``, ``GET /stats``.
@@ -80,19 +81,21 @@ def create_app(max_batch: int = 8, max_wait_s: float = 0.005, seed: int = 0,
     @app.post("/infer")
     async def infer(request: InferRequest) -> JSONResponse:
         batcher = state["batcher"]
+        received = time.time()
         deadline = request.deadline
         if request.slo_s is not None:
-            deadline = time.time() + request.slo_s
+            deadline = received + request.slo_s
         try:
             served = await batcher.submit(request.tokens,
                                           float("inf") if deadline is None else deadline)
         except DeadlineRejected as exc:
             return JSONResponse(status_code=503, content={
-                "rejected": True, "stage": exc.stage, "detail": str(exc)})
+                "rejected": True, "stage": exc.stage, "detail": str(exc),
+                "received_unix": received, "expected_finish_unix": exc.expected_finish})
         label, confidence = served.result
         return JSONResponse({"label": label, "confidence": confidence,
                              "batch_size": served.batch_size, "queue_s": served.queue_s,
-                             "compute_s": served.compute_s})
+                             "compute_s": served.compute_s, "received_unix": received})
 
     @app.post("/profile")
     async def profile(request: ProfileRequest) -> dict[str, list]:

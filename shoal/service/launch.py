@@ -21,6 +21,7 @@ class LaunchError(RuntimeError):
 
 def _port_free(port: int) -> bool:
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:

@@ -76,9 +76,13 @@ class Service:
                 os.waitpid(self.pid, os.WNOHANG)
             time.sleep(0.05)
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """Stop the service cleanly (``shoal down``): its jobs checkpoint."""
         if read_info(self.home):
             stop(self.home)
+
+    def close(self) -> None:
+        self.stop()
         self.http.close()
 
     def log_text(self, name: str) -> str:

@@ -38,7 +38,7 @@ def test_killed_then_stopped_service_loses_and_duplicates_nothing(tmp_path: Path
         assert {n: service.job(n)["attempt"] for n in names} == {"alpha": 1, "beta": 1}
 
         # 2. A clean stop checkpoints the jobs; the next start resumes them from there.
-        service.close()
+        service.stop()
         service.start()
         assert [j["name"] for j in service.jobs()] == names
         wait_until(lambda: all_done(service, names), 120, "all jobs to finish",

@@ -102,6 +102,10 @@ class SimBackend:
         limits = self._limits(spec, app)
         job = SimJob(spec.name, app, limits, spec.submit_time, self.restart_delay,
                      spec.target_epochs)
+        if len(self._state.device_types) > 1:
+            allowed = spec.device_types or self._state.device_types
+            job.bootstrap([d for d in self._state.device_types if d in allowed],
+                          self.restart_delay)
         self.jobs[spec.name] = job
         return limits
 
@@ -138,7 +142,7 @@ class SimBackend:
                     finished_at=job.finished_at,
                     hints=job.hints(),
                     batch_size=job.batch_size,
-                    extra={"epoch": job.epoch},
+                    extra={"epoch": job.epoch, "profiling_seconds": job.profiling_seconds},
                 )
             )
         return out

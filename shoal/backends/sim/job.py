@@ -53,6 +53,7 @@ class SimJob:
         self.grad: GradStats | None = None
         self.warm_start_fits = warm_start_fits
         self.max_profiled: dict[str, int] = {}
+        self.profiling_seconds = 0.0
         self._hints: ModelHints | None = None
         self._batch_memo: tuple | None = None
 
@@ -69,8 +70,41 @@ class SimJob:
             self._stale.discard(device_type)
         return self.perf.get(device_type)
 
+    def bootstrap(self, device_types: list[str], seconds_per_type: float) -> None:
+        """Profile one replica on each device type, as a new job does on a mixed cluster.
+
+        Each type costs ``seconds_per_type`` device-seconds (start-up plus a few steps),
+        counted in ``profiling_seconds``. Larger configurations of a type are then projected
+        from the scaling the job observes on another type (see :meth:`goodput_model`).
+        """
+        bsz = min(self.limits.init_batch_size, self.limits.max_local_bsz)
+        for dtype in device_types:
+            if dtype not in self.app.devices:
+                continue
+            step, sync = self.app.step_and_sync((1,), bsz, dtype)
+            sqr, var = self.app.grad_stats(self.limits.init_batch_size, 0)
+            self._record(dtype, 1, 1, bsz, step, sync, sqr, var)
+            self.profiling_seconds += seconds_per_type
+
+    def _projected(self, device_type: str, perf: PerfParams) -> PerfParams:
+        """Scaling of a type seen only on one replica, borrowed from the best-explored type."""
+        if self.max_profiled.get(device_type, 0) > 1:
+            return perf
+        explored = max(self.max_profiled, key=lambda d: self.max_profiled[d])
+        if self.max_profiled[explored] <= 1 or explored == device_type:
+            return perf
+        other = self._perf_params(explored)
+        if other is None:
+            return perf
+        bsz = next(iter(self.measured[device_type]))[2]
+        ratio = (perf.alpha_c + perf.beta_c * bsz) / (other.alpha_c + other.beta_c * bsz)
+        return PerfParams(other.alpha_c * ratio, other.beta_c * ratio, other.alpha_n,
+                          other.beta_n, other.alpha_r, other.beta_r, other.gamma)
+
     def goodput_model(self, device_type: str) -> GoodputModel | None:
         perf = self._perf_params(device_type)
+        if perf is not None and len(self.measured) > 1:
+            perf = self._projected(device_type, perf)
         if perf is None or self.grad is None:
             return None
         lim = self.limits

@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from shoal.core.types import ClusterState, Decision, Grant, JobView
 
 
-def _max_replicas(job: JobView) -> int:
+def _max_replicas(job: JobView, largest_type: int) -> int:
+    """A job's devices share one type, so it can use at most the largest type's count."""
     batch = job.spec.batch_size or job.limits.init_batch_size
-    return min(batch // job.limits.min_local_bsz, job.limits.max_replicas)
+    return min(batch // job.limits.min_local_bsz, job.limits.max_replicas, largest_type)
 
 
 def _step_time(job: JobView, replicas: int) -> float:
@@ -42,13 +43,14 @@ class OptimusPolicy:
 
     def decide(self, jobs: Sequence[JobView], cluster: ClusterState, now: float) -> Decision:
         free = cluster.capacity()
+        largest = max(cluster.capacity(t) for t in cluster.device_types)
         remaining = {j.name: _remaining(j) for j in jobs}
         replicas: dict[str, int] = {}
         gain: dict[str, float] = {}
 
         def marginal(job: JobView) -> float:
             n = replicas[job.name]
-            if n + 1 > _max_replicas(job) or free < 1:
+            if n + 1 > _max_replicas(job, largest) or free < 1:
                 return 0.0
             return (_step_time(job, n) - _step_time(job, n + 1)) * remaining[job.name]
 

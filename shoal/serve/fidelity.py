@@ -1,20 +1,22 @@
 """Simulator fidelity against the real serving path on loopback.
 
 1. Start replicas + router (:mod:`shoal.serve.launch`).
-2. Profile the real path *as it serves on this machine*: replay a profiling load (Poisson
-   arrivals at the replay's mean rate, other seed) through the router and read back, per request,
-   its batch size, the batch's run time and its queueing time. The run time per batch size
-   (least-squares line over the observed batches) is the simulator's batch-latency table
-   (:class:`BatchTableLatencyModel`); the median of (client-seen latency - server queue - server
-   compute) is the HTTP overhead (two loopback hops, JSON, event loops), given to the simulator
-   as half before the batcher and half after. The isolated profile (``POST /profile``: the model
-   timed back to back in each replica) is reported next to it; on a shared 2-core machine it is
-   2-5x faster than what serving sees (cold caches between batches, CPU contention with the
-   router, the load generator and other work), so it would make the simulator optimistic.
-3. Replay the test arrivals open-loop through the router and through the simulator (one group
-   per replica, same max batch / max wait, SLO-aware admission) and compare. The simulator gets
-   the times the requests actually left the load generator, so a late send on a busy machine is
-   not counted as a simulator error; deadlines stay scheduled arrival + SLO for both.
+2. Profile the real path *as it serves on this machine*: replay the trace's ``profile_s``
+   seconds from ``start_s`` open-loop through the router and read back, per request, its batch
+   size, the batch's run time, its queueing time and when the replica received it. The run time
+   per batch size (least-squares line over the observed batches) is the simulator's
+   batch-latency table (:class:`BatchTableLatencyModel`); each request's HTTP time before the
+   batcher (client send -> replica receipt) and after it (batch done -> answer at the client)
+   is kept as a sample. The isolated profile (``POST /profile``: the model timed back to back in
+   each replica) is reported next to it: on the shared 2-core machine a lone batch between idle
+   gaps runs slower than back to back (cold caches, CPU contention with the router, the load
+   generator and other work), so the isolated table alone would make the simulator optimistic.
+3. Replay the next ``duration_s`` seconds of the trace open-loop through the router and through
+   the simulator (one group per replica, same max batch / max wait, SLO-aware admission; each
+   simulated request gets the (before, after) HTTP times of a profiled request drawn at
+   random). The simulator gets the times requests actually left the load generator, so a late
+   send on a busy machine is not counted as a simulator error; deadlines stay scheduled arrival
+   + SLO for both, and latency is counted from the actual send for both.
 """
 
 from __future__ import annotations
@@ -59,16 +61,14 @@ class FidelityConfig:
 
 @dataclass(frozen=True)
 class ServingProfile:
-    """What the simulator is told about the real path: run time per batch size and the HTTP
-    overhead of single requests (seconds, one sample per profiled request)."""
+    """What the simulator is told about the real path: run time per batch size, and per
+    profiled request the HTTP time before the batcher (client send -> server receipt) and after
+    it (batch done -> client has the answer), in seconds."""
 
     batch_sizes: tuple[int, ...]
     latency_s: tuple[float, ...]
-    overhead_samples_s: tuple[float, ...]
-
-    @property
-    def overhead_s(self) -> float:
-        return float(np.median(self.overhead_samples_s)) if self.overhead_samples_s else 0.0
+    overhead_in_s: tuple[float, ...]
+    overhead_out_s: tuple[float, ...]
 
     def latency_model(self) -> BatchTableLatencyModel:
         return BatchTableLatencyModel(self.batch_sizes, self.latency_s)
@@ -115,23 +115,26 @@ def fit_batch_latency(load: LoadResult, max_batch: int,
     return [float(t) for t in table], measured
 
 
-def http_overhead(load: LoadResult) -> list[float]:
-    """Per served request: client-seen latency (from the actual send) minus the server's queue
-    and compute time, i.e. what the two loopback hops, JSON and event loops added."""
+def http_overhead(load: LoadResult) -> tuple[list[float], list[float]]:
+    """Per served request: (send -> server receipt, batch done -> answer at the client)."""
     served = load.batch_size > 0
-    extra = (load.finish_s - load.sent_s - load.queue_s - load.compute_s)[served]
-    return [max(0.0, float(x)) for x in extra]
+    before = (load.received_s - load.sent_s)[served]
+    after = (load.finish_s - load.received_s - load.queue_s - load.compute_s)[served]
+    keep = np.isfinite(before) & np.isfinite(after)
+    return ([max(0.0, float(x)) for x in before[keep]],
+            [max(0.0, float(x)) for x in after[keep]])
 
 
 def simulate_replay(load: LoadResult, profile: ServingProfile, replicas: int, max_batch: int,
                     max_wait_s: float, seed: int = 0) -> dict[str, float]:
     """The simulator's prediction of what the load generator saw, for the requests it sent (at
-    the times they actually left the client). Each request gets an HTTP overhead drawn from the
-    profiled ones, half before the batcher and half after."""
+    the times they actually left the client). Each request gets the HTTP times (before, after
+    the batcher) of a profiled request drawn at random."""
     n = len(load.sent_s)
-    samples = np.asarray(profile.overhead_samples_s or (0.0,))
-    half = np.random.default_rng(seed).choice(samples, size=n) / 2.0
-    at_server = load.sent_s + half
+    pick = np.random.default_rng(seed).integers(0, max(1, len(profile.overhead_in_s)), size=n)
+    before = np.asarray(profile.overhead_in_s or (0.0,))[pick]
+    after = np.asarray(profile.overhead_out_s or (0.0,))[pick]
+    at_server = load.sent_s + before
     order = np.argsort(at_server, kind="stable")
     ones = np.ones(n, dtype=np.int64)
     workload = Workload(at_server[order], np.zeros(n, dtype=np.int64), ones, ones)
@@ -144,7 +147,7 @@ def simulate_replay(load: LoadResult, profile: ServingProfile, replicas: int, ma
                                      admission=True))
     sent = load.sent_s[order]
     back = np.argsort(sent, kind="stable")
-    summary = summarize_requests(sent[back], (result.finish_s + half[order])[back],
+    summary = summarize_requests(sent[back], (result.finish_s + after[order])[back],
                                  deadline[back])
     summary["mean_batch_size"] = float(np.mean(result.batch_sizes)) if result.batch_sizes \
         else 0.0
@@ -181,6 +184,10 @@ def trace_windows(config: FidelityConfig) -> tuple[np.ndarray, np.ndarray]:
     return windows[0], windows[1]
 
 
+def _p50_p99(samples: list[float]) -> list[float]:
+    return [float(x) for x in np.percentile(samples, [50, 99])] if samples else [0.0, 0.0]
+
+
 def compare(real: dict[str, float], sim: dict[str, float]) -> dict[str, float]:
     return {
         "attainment_gap_points": 100.0 * abs(real["slo_attainment"] - sim["slo_attainment"]),
@@ -198,16 +205,17 @@ async def run_fidelity_on(cluster: ServingCluster, config: FidelityConfig) -> di
                                       config.isolated_repeats)
     profiling = await run_open_loop(cluster.url, profiling_arrivals, config.slo_s)
     table, measured = fit_batch_latency(profiling, config.max_batch, isolated)
+    before, after = http_overhead(profiling)
     profile = ServingProfile(tuple(range(1, config.max_batch + 1)), tuple(table),
-                             tuple(http_overhead(profiling)))
+                             tuple(before), tuple(after))
     load = await run_open_loop(cluster.url, replay, config.slo_s)
     real = real_summary(load)
     sim = simulate_replay(load, profile, config.replicas, config.max_batch, config.max_wait_s,
                           config.seed)
     return {"config": asdict(config),
-            "profile": {"batch_latency_s": table, "overhead_median_s": profile.overhead_s,
-                        "overhead_p99_s": float(np.percentile(profile.overhead_samples_s, 99))
-                        if profile.overhead_samples_s else 0.0,
+            "profile": {"batch_latency_s": table,
+                        "http_before_p50_p99_s": _p50_p99(before),
+                        "http_after_p50_p99_s": _p50_p99(after),
                         "measured_batch_latency_s": {str(k): v for k, v in measured.items()},
                         "isolated_batch_latency_s": isolated,
                         "requests": len(profiling_arrivals)},

@@ -98,6 +98,7 @@ class LoadResult:
     batch_size: np.ndarray  # batch the request was served in, 0 if not served
     queue_s: np.ndarray  # server-side wait before its batch started (nan if not served)
     compute_s: np.ndarray  # server-side run time of its batch (nan if not served)
+    received_s: np.ndarray  # when the server got it (its clock; nan if no answer)
     summary: dict[str, float] = field(default_factory=dict)
 
     def as_json(self) -> dict:
@@ -126,6 +127,7 @@ async def run_open_loop(url: str, arrival_s: np.ndarray, slo_s: float,
     batch = np.zeros(n, dtype=np.int64)
     queue = np.full(n, np.nan)
     compute = np.full(n, np.nan)
+    received = np.full(n, np.nan)
     loop = asyncio.get_running_loop()
     start = loop.time() + start_delay_s
     wall_start = time.time() + start_delay_s
@@ -138,6 +140,8 @@ async def run_open_loop(url: str, arrival_s: np.ndarray, slo_s: float,
         except httpx.HTTPError:
             return
         status[i] = answer.status_code
+        if answer.status_code in (200, 503):
+            received[i] = float(answer.json().get("received_unix", np.nan)) - wall_start
         if answer.status_code == 200:
             finish[i] = loop.time() - start
             served = answer.json()
@@ -153,7 +157,8 @@ async def run_open_loop(url: str, arrival_s: np.ndarray, slo_s: float,
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(one(client, i)))
         await asyncio.gather(*tasks)
-    result = LoadResult(arrival, arrival + slo_s, finish, sent, status, batch, queue, compute)
+    result = LoadResult(arrival, arrival + slo_s, finish, sent, status, batch, queue, compute,
+                        received)
     result.summary = summarize_load(result)
     return result
 

@@ -101,7 +101,7 @@ def test_device_rankings_differ_per_model_as_gavel_measured():
 def test_every_reachable_configuration_on_eight_device_nodes_is_in_the_profile(app):
     profile = ProfileLibrary(COMMITTED).get(app)
     for dtype in ("v100", "a100"):
-        for nodes in range(1, 17):
+        for nodes in (1, 2, 3, 4, 6, 8, 16):
             for replicas in range(nodes, 8 * nodes + 1):
                 high = min(profile.max_local_bsz, profile.max_batch_size // replicas)
                 if high < profile.min_local_bsz:

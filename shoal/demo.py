@@ -1,0 +1,135 @@
+"""``make demo``: the example jobs on a local shoal service, resized as they come and go.
+
+Starts a service in a temporary SHOAL_HOME, submits ``examples/*/job.yaml`` with staggered
+arrivals, shows live progress, waits for every job, prints a summary (JCT, resizes, goodput),
+writes an HTML/PNG/JSON report and stops the service.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from shoal.cli.views import cluster_line, jobs_table
+from shoal.policy.registry import POLICIES
+from shoal.service import report
+from shoal.service.launch import start_background, stop
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m shoal.demo", description=__doc__)
+    parser.add_argument("--policy", choices=sorted(POLICIES), default="pollux")
+    parser.add_argument("--slots", type=int, default=4,
+                        help="CPU slots of one thread each (oversubscribed on 2 cores: fine)")
+    parser.add_argument("--stagger", type=float, default=30.0, help="seconds between arrivals")
+    parser.add_argument("--interval", type=float, default=5.0, help="seconds per round")
+    parser.add_argument("--home", type=Path, default=None, help="default: a temporary folder")
+    parser.add_argument("--out", type=Path, default=REPO / "out" / "demo")
+    parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--jobs", nargs="*", type=Path, default=None,
+                        help="job YAMLs (default: examples/*/job.yaml)")
+    return parser.parse_args(argv)
+
+
+def _summary_table(summary: dict) -> Table:
+    table = Table(title="summary", header_style="bold")
+    for column in ("job", "state", "JCT s", "resizes", "max replicas", "last batch", "goodput/s"):
+        table.add_column(column, justify="left" if column in ("job", "state") else "right")
+    for job in summary["jobs"]:
+        table.add_row(
+            job["name"], job["state"],
+            "-" if job["jct_s"] is None else f"{job['jct_s']:.0f}",
+            str(job["resizes"]), str(job["max_replicas_used"]),
+            str(job["final_batch_size"] or "-"),
+            "-" if not job["goodput"] else f"{job['goodput']:.0f}",
+        )
+    return table
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console()
+    files = args.jobs or sorted((REPO / "examples").glob("*/job.yaml"))
+    if not files:
+        console.print("[red]no job files found under examples/[/]")
+        return 1
+    scratch = None
+    if args.home is None:
+        scratch = tempfile.TemporaryDirectory(prefix="shoal-demo-")
+        home = Path(scratch.name)
+    else:
+        home = args.home
+    console.print(f"starting shoal (policy {args.policy}, {args.slots} CPU slots, home {home})")
+    url, _ = start_background(home, policy=args.policy, slots=args.slots, cores_per_slot=1,
+                              interval=args.interval, checkpoint_interval=30.0,
+                              restart_delay=30.0)
+    http = httpx.Client(base_url=url, timeout=30)
+    try:
+        summary = _drive(console, http, files, args)
+    finally:
+        console.print("stopping the service")
+        stop(home)
+        http.close()
+    console.print(_summary_table(summary))
+    avg = summary["avg_jct_s"]
+    console.print(
+        f"average JCT {avg:.0f} s · makespan {summary['makespan_s']:.0f} s · "
+        f"{summary['total_resizes']} resizes · {summary['finished']} finished, "
+        f"{summary['failed']} failed" if avg is not None else "no job finished"
+    )
+    paths = report.write(summary, args.out, f"shoal demo ({args.policy})")
+    console.print(f"report: {paths['html']} ({paths['png'].name}, {paths['json'].name})")
+    if scratch is not None:
+        scratch.cleanup()
+    return 0 if summary["failed"] == 0 and summary["finished"] == len(files) else 1
+
+
+def _drive(console: Console, http: httpx.Client, files: list[Path], args) -> dict:
+    started = time.monotonic()
+    pending = list(files)
+    next_arrival = started
+    deadline = started + args.timeout
+    jobs: list[dict] = []
+    with Live(console=console, refresh_per_second=2) as live:
+        while True:
+            now = time.monotonic()
+            if pending and now >= next_arrival:
+                path = pending.pop(0)
+                response = http.post("/api/jobs", content=path.read_bytes(),
+                                     headers={"content-type": "application/yaml"},
+                                     params={"workdir": str(REPO)})
+                if response.status_code != 201:
+                    console.print(f"[red]{path}: {response.json()['detail']}[/]")
+                next_arrival = now + args.stagger
+            jobs = http.get("/api/jobs").json()
+            cluster = http.get("/api/cluster").json()
+            waiting = f"{len(pending)} job(s) still to arrive" if pending else "all submitted"
+            live.update(Group(
+                cluster_line(cluster),
+                Text(f"elapsed {now - started:.0f} s · {waiting}"),
+                jobs_table(jobs),
+            ))
+            if not pending and jobs and all(j["state"] in ("finished", "failed") for j in jobs):
+                break
+            if now > deadline:
+                console.print("[red]timed out; stopping[/]")
+                break
+            time.sleep(1.0)
+    return report.summarize(jobs)
+
+
+def main(argv: list[str] | None = None) -> None:
+    raise SystemExit(run(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

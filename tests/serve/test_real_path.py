@@ -88,9 +88,9 @@ def test_simulator_predicts_the_real_path(cluster):
     summary = (f"real {real['slo_attainment']:.3f} p99 {real['p99_latency_s']:.4f}; "
                f"sim {sim['slo_attainment']:.3f} p99 {sim['p99_latency_s']:.4f}; "
                f"send lag p99 {real['p99_send_lag_s']:.4f} s; load average {load:.1f}")
-    if real["p99_send_lag_s"] > 0.05 or load > 3 * (os.cpu_count() or 1):
+    if real["p99_send_lag_s"] > 0.05 or load > 5 * (os.cpu_count() or 1):
         # The load generator was starved of CPU (so the real path did not get the arrivals the
-        # check is about) or the run queue held > 3 tasks per core: on such a machine the real
+        # check is about) or the run queue held > 5 tasks per core: on such a machine the real
         # path's timing is set by other people's work, not by anything a simulator models.
         pytest.skip(f"machine too busy for a timing check ({summary})")
     assert real["requests"] == sim["requests"] > 200

@@ -12,6 +12,8 @@ import pytest
 
 from tests.service.helpers import Service, all_done, job_yaml, running_service, wait_until
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory):

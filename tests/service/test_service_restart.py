@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.service.helpers import all_done, job_yaml, running_service, wait_until
+
+pytestmark = pytest.mark.slow
 
 
 def _attempt_headers(home: Path, name: str) -> int:

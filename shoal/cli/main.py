@@ -14,21 +14,26 @@ def cli() -> None:
 
 
 def _register() -> None:
+    from shoal.cli.cancel import cancel_command
+    from shoal.cli.down import down_command
+    from shoal.cli.logs import logs_command
+    from shoal.cli.ls import ls_command
+    from shoal.cli.plan import plan_command
+    from shoal.cli.serve import loadgen_command, serve_sim_command
+    from shoal.cli.show import show_command
     from shoal.cli.sim import sim_command
+    from shoal.cli.submit import submit_command
+    from shoal.cli.top import top_command
+    from shoal.cli.up import up_command
 
-    cli.add_command(sim_command)
-    # Further commands are registered below, one line each.
-    cli.add_command(__import__("shoal.cli.up", fromlist=["x"]).up_command)
-    cli.add_command(__import__("shoal.cli.down", fromlist=["x"]).down_command)
-    cli.add_command(__import__("shoal.cli.submit", fromlist=["x"]).submit_command)
-    cli.add_command(__import__("shoal.cli.ls", fromlist=["x"]).ls_command)
-    cli.add_command(__import__("shoal.cli.show", fromlist=["x"]).show_command)
-    cli.add_command(__import__("shoal.cli.logs", fromlist=["x"]).logs_command)
-    cli.add_command(__import__("shoal.cli.cancel", fromlist=["x"]).cancel_command)
-    cli.add_command(__import__("shoal.cli.top", fromlist=["x"]).top_command)
-    cli.add_command(__import__("shoal.cli.serve", fromlist=["x"]).serve_sim_command)
-    cli.add_command(__import__("shoal.cli.serve", fromlist=["x"]).loadgen_command)
-    cli.add_command(__import__("shoal.cli.plan", fromlist=["plan_command"]).plan_command)
+    for command in (
+        # the scheduler service and its jobs
+        up_command, down_command, submit_command, ls_command, show_command, logs_command,
+        cancel_command, top_command,
+        # simulation and planning
+        sim_command, plan_command, serve_sim_command, loadgen_command,
+    ):
+        cli.add_command(command)
 
 
 _register()

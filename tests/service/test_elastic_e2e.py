@@ -32,7 +32,9 @@ def _went_up_then_down(counts: list[int]) -> bool:
 
 
 def test_three_jobs_resize_while_training_and_finish(service: Service) -> None:
-    assert service.submit(job_yaml("first", epochs=4, sleep=0.1)).status_code == 201
+    # Long enough (sleep-dominated steps) that it is still training after it grows, on a fast
+    # machine as on a loaded one.
+    assert service.submit(job_yaml("first", epochs=10, sleep=0.2)).status_code == 201
     # Alone on two slots, the adaptive policy grows the first job once it has profiled itself.
     def trained_on_two() -> bool:
         return any(row["num_replicas"] == 2 for row in service.job("first")["profile"])

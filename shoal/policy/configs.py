@@ -64,6 +64,24 @@ class Solution:
     status: str
 
 
+def _dominated(cost: np.ndarray, configs: Sequence[Config]) -> np.ndarray:
+    """Configurations no optimum needs: another of the same type uses no more devices and no
+    more whole nodes and costs no more (ties keep the smaller one). Dropping them keeps the
+    optimum exact and shrinks the MILP."""
+    out = np.zeros(cost.shape, dtype=bool)
+    for a, ca in enumerate(configs):
+        for b, cb in enumerate(configs):
+            if a == b or ca.device_type != cb.device_type:
+                continue
+            nodes_a = ca.nodes if ca.nodes > 1 else 0
+            nodes_b = cb.nodes if cb.nodes > 1 else 0
+            if cb.replicas <= ca.replicas and nodes_b <= nodes_a and (
+                cb.replicas < ca.replicas or nodes_b < nodes_a
+            ):
+                out[:, a] |= cost[:, b] <= cost[:, a]
+    return out
+
+
 def solve(
     cost: np.ndarray,
     idle: np.ndarray,
@@ -74,7 +92,7 @@ def solve(
 ) -> Solution:
     """Exact configuration choice. ``cost[j, c] = inf`` forbids c for j; ``forced`` pins j->c."""
     jobs = cost.shape[0]
-    allowed = np.isfinite(cost)
+    allowed = np.isfinite(cost) & ~_dominated(cost, configs)
     for j, c in (forced or {}).items():
         allowed[j] = False
         allowed[j, c] = True

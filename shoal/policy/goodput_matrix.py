@@ -51,3 +51,13 @@ def goodput_row(
 def restart_factor(job: JobView, delay: float) -> float:
     """Share of a job's life not lost to restarts if it restarts once more (Pollux's rule)."""
     return max(job.age - job.num_restarts * delay, 0.0) / (job.age + delay)
+
+
+def restart_factors(job: JobView, current: int | None, count: int, delay: float) -> np.ndarray:
+    """Per configuration: 1 to stay in ``current`` (or for a job not running), else the factor."""
+    factor = np.ones(count)
+    if job.allocation is not None:  # only a running job loses time by moving
+        factor[:] = restart_factor(job, delay)
+        if current is not None:
+            factor[current] = 1.0
+    return factor

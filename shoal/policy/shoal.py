@@ -35,7 +35,7 @@ import numpy as np
 
 from shoal.core.types import ClusterState, Decision, Grant, JobView
 from shoal.policy.configs import cluster_configs, config_of, place_configs, solve
-from shoal.policy.goodput_matrix import goodput_row, max_replicas, restart_factor
+from shoal.policy.goodput_matrix import goodput_row, max_replicas, restart_factors
 
 DEVICE_HOUR = 3600.0
 
@@ -108,10 +108,8 @@ class ShoalPolicy:
             speedup = goodput / goodput[ok].min()
             current = config_of(job.allocation, configs)
             factor = np.ones(len(configs))
-            if k.restart_aware and job.allocation is not None:
-                factor[:] = restart_factor(job, k.restart_delay)
-                if current is not None:
-                    factor[current] = 1.0
+            if k.restart_aware:
+                factor = restart_factors(job, current, len(configs), k.restart_delay)
             with np.errstate(divide="ignore"):
                 cost[j, ok] = sign * weight * (speedup[ok] * factor[ok]) ** k.p
             if not job.spec.preemptible and current is not None:

@@ -17,7 +17,7 @@ import numpy as np
 
 from shoal.core.types import ClusterState, Decision, Grant, JobView
 from shoal.policy.configs import cluster_configs, config_of, place_configs, solve
-from shoal.policy.goodput_matrix import goodput_row, max_replicas, restart_factor
+from shoal.policy.goodput_matrix import goodput_row, max_replicas, restart_factors
 
 
 class SiaPolicy:
@@ -46,11 +46,7 @@ class SiaPolicy:
                 continue
             speedup = goodput / goodput[ok].min()
             current = config_of(job.allocation, configs)
-            factor = np.ones(len(configs))
-            if job.allocation is not None:  # only a running job loses time by moving
-                factor[:] = restart_factor(job, self.restart_delay)
-                if current is not None:
-                    factor[current] = 1.0
+            factor = restart_factors(job, current, len(configs), self.restart_delay)
             with np.errstate(divide="ignore"):
                 cost[j, ok] = (speedup[ok] * factor[ok]) ** self.p
         idle = np.full(len(jobs), self.no_alloc_penalty)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from shoal.backends.sim.job import SimJob
 from shoal.backends.sim.profile import ApplicationProfile, ProfileLibrary
@@ -156,6 +156,3 @@ class SimBackend:
         for job in self.jobs.values():
             job.advance(self._now, seconds)
         self._now += seconds
-
-    def active(self, names: Sequence[str]) -> list[SimJob]:
-        return [self.jobs[n] for n in names]

@@ -13,6 +13,7 @@ scipy.optimize.milp.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -45,18 +46,6 @@ def cluster_configs(cluster: ClusterState) -> list[Config]:
     return out
 
 
-def config_of(alloc: Allocation | None, configs: Sequence[Config]) -> int | None:
-    """Index of the configuration an existing allocation has, if it has one."""
-    if alloc is None:
-        return None
-    for i, c in enumerate(configs):
-        if (c.device_type, c.nodes, c.replicas) == (
-            alloc.device_type, alloc.num_nodes, alloc.num_replicas
-        ):
-            return i
-    return None
-
-
 @dataclass
 class Solution:
     choice: list[int | None]  # configuration index per job, None = no allocation
@@ -64,24 +53,66 @@ class Solution:
     status: str
 
 
-def _dominated(cost: np.ndarray, configs: Sequence[Config]) -> np.ndarray:
-    """Configurations no optimum needs: a smaller one of the same type costs no more.
+@dataclass(frozen=True)
+class ConfigTable:
+    """A cluster's configurations as arrays, for building cost rows without Python loops."""
+
+    configs: list[Config]
+    types: tuple[str, ...]
+    type_index: np.ndarray  # per configuration, index into ``types``
+    nodes: np.ndarray
+    replicas: np.ndarray
+    lookup: dict[tuple[str, int, int], int]
+
+    @classmethod
+    def of(cls, cluster: ClusterState) -> ConfigTable:
+        configs = cluster_configs(cluster)
+        types = tuple(cluster.device_types)
+        return cls(
+            configs, types,
+            np.array([types.index(c.device_type) for c in configs], dtype=int),
+            np.array([c.nodes for c in configs], dtype=int),
+            np.array([c.replicas for c in configs], dtype=int),
+            {(c.device_type, c.nodes, c.replicas): i for i, c in enumerate(configs)},
+        )
+
+    def index_of(self, alloc: Allocation | None) -> int | None:
+        if alloc is None:
+            return None
+        return self.lookup.get((alloc.device_type, alloc.num_nodes, alloc.num_replicas))
+
+    def type_mask(self, allowed: Sequence[str] | None) -> np.ndarray:
+        if not allowed:
+            return np.ones(len(self.configs), dtype=bool)
+        wanted = [i for i, t in enumerate(self.types) if t in allowed]
+        return np.isin(self.type_index, wanted)
+
+
+@dataclass
+class Row:
+    """One job's candidate configurations (ascending indices) and their costs."""
+
+    index: np.ndarray
+    cost: np.ndarray
+
+
+def undominated(row: Row, type_index: np.ndarray) -> Row:
+    """Drop configurations no optimum needs: a smaller one of the same type costs no more.
 
     Within a type, configurations are totally ordered in what they use (single-node powers of
-    two, then 2, 3, ... whole nodes), so each uses at least the devices and whole nodes of every
-    earlier one. A configuration is dominated when some earlier one costs no more; dropping it
-    keeps the optimum exact and shrinks the MILP. One running minimum per type: O(jobs x configs).
+    two, then 2, 3, ... whole nodes; :func:`cluster_configs` lists them in that order), so each
+    uses at least the devices and whole nodes of every earlier one. A configuration is dominated
+    when some earlier one costs no more; dropping it keeps the optimum exact and shrinks the MILP.
     """
-    out = np.zeros(cost.shape, dtype=bool)
-    by_type: dict[str, list[int]] = {}
-    for i, c in enumerate(configs):
-        by_type.setdefault(c.device_type, []).append(i)
-    for idx in by_type.values():
-        idx = sorted(idx, key=lambda i: (configs[i].nodes > 1, configs[i].replicas))
-        block = cost[:, idx]
-        best_before = np.minimum.accumulate(block, axis=1)
-        out[:, idx[1:]] = best_before[:, :-1] <= block[:, 1:]
-    return out
+    keep = np.ones(len(row.index), dtype=bool)
+    types = type_index[row.index]
+    for t in np.unique(types):
+        seg = np.nonzero(types == t)[0]
+        if len(seg) < 2:
+            continue
+        block = row.cost[seg]
+        keep[seg[1:]] = np.minimum.accumulate(block)[:-1] > block[1:]
+    return Row(row.index[keep], row.cost[keep])
 
 
 def solve(
@@ -93,47 +124,72 @@ def solve(
     time_limit: float = 10.0,
 ) -> Solution:
     """Exact configuration choice. ``cost[j, c] = inf`` forbids c for j; ``forced`` pins j->c."""
-    jobs = cost.shape[0]
-    allowed = np.isfinite(cost) & ~_dominated(cost, configs)
-    for j, c in (forced or {}).items():
-        allowed[j] = False
-        allowed[j, c] = True
-    js, cs = np.nonzero(allowed)
-    nvar = len(js)
+    rows = []
+    for j in range(cost.shape[0]):
+        index = np.nonzero(np.isfinite(cost[j]))[0]
+        rows.append(Row(index, cost[j, index]))
+    return solve_rows(rows, idle, configs, cluster, forced, time_limit)
+
+
+def solve_rows(
+    rows: Sequence[Row],
+    idle: np.ndarray,
+    configs: Sequence[Config],
+    cluster: ClusterState,
+    forced: Mapping[int, int] | None = None,
+    time_limit: float = 10.0,
+) -> Solution:
+    """Exact configuration choice from per-job candidate rows; ``forced`` pins job j to c."""
+    jobs = len(rows)
+    forced = dict(forced or {})
+    device_types = list(cluster.device_types)
+    type_index = np.array([device_types.index(c.device_type) for c in configs], dtype=int)
+    kept: list[Row] = []
+    for j, row in enumerate(rows):
+        if j in forced:
+            at = np.nonzero(row.index == forced[j])[0]
+            cost = row.cost[at] if len(at) else np.zeros(1)
+            kept.append(Row(np.array([forced[j]], dtype=int), cost))
+        else:
+            kept.append(undominated(row, type_index))
+    sizes = [len(r.index) for r in kept]
+    nvar = sum(sizes)
     if nvar == 0:
         return Solution([None] * jobs, float(idle.sum()), "empty")
-    objective = cost[js, cs] - idle[js]
-    rows, cols, vals, lower, upper = [], [], [], [], []
-    # One configuration per job (exactly one when forced).
-    for var, j in enumerate(js):
-        rows.append(j)
-        cols.append(var)
-        vals.append(1.0)
-    lower.extend(1.0 if j in (forced or {}) else 0.0 for j in range(jobs))
-    upper.extend([1.0] * jobs)
-    row = jobs
-    for dtype in cluster.device_types:
-        nodes = cluster.nodes_of(dtype)
-        for var, c in enumerate(cs):
-            cfg = configs[c]
-            if cfg.device_type == dtype:
-                rows.append(row)
-                cols.append(var)
-                vals.append(float(cfg.replicas))
-                if cfg.nodes > 1:
-                    rows.append(row + 1)
-                    cols.append(var)
-                    vals.append(float(cfg.nodes))
-        lower.extend([0.0, 0.0])
-        upper.extend([float(cluster.capacity(dtype)), float(len(nodes))])
-        row += 2
-    matrix = coo_matrix((vals, (rows, cols)), shape=(row, nvar)).tocsr()
+    js = np.repeat(np.arange(jobs), sizes)
+    cs = np.concatenate([r.index for r in kept]).astype(int)
+    objective = np.concatenate([r.cost for r in kept]) - idle[js]
+    replicas = np.array([c.replicas for c in configs], dtype=float)[cs]
+    nodes = np.array([c.nodes for c in configs], dtype=float)[cs]
+    var_type = type_index[cs]
+    # Constraint rows: one per job (at most one configuration; exactly one when forced), then
+    # per type its devices and the whole nodes of its multi-node configurations.
+    multi = np.nonzero(nodes > 1)[0]
+    num_rows = jobs + 2 * len(device_types)
+    matrix = coo_matrix(
+        (
+            np.concatenate([np.ones(nvar), replicas, nodes[multi]]),
+            (
+                np.concatenate([js, jobs + 2 * var_type, jobs + 2 * var_type[multi] + 1]),
+                np.concatenate([np.arange(nvar), np.arange(nvar), multi]),
+            ),
+        ),
+        shape=(num_rows, nvar),
+    ).tocsr()
+    lower = np.zeros(num_rows)
+    lower[list(forced)] = 1.0
+    upper = np.ones(num_rows)
+    for t, dtype in enumerate(device_types):
+        upper[jobs + 2 * t] = cluster.capacity(dtype)
+        upper[jobs + 2 * t + 1] = len(cluster.nodes_of(dtype))
     result = milp(
         objective,
         constraints=LinearConstraint(matrix, lower, upper),
         integrality=np.ones(nvar),
         bounds=Bounds(0, 1),
-        options={"time_limit": time_limit, "mip_rel_gap": 1e-6},
+        # HiGHS's presolve costs 4-8x the solve itself on these near-integral multiple-choice
+        # problems (bench/decision_time.py); the optimum is the same without it.
+        options={"time_limit": time_limit, "mip_rel_gap": 1e-6, "presolve": False},
     )
     if result.x is None:
         raise RuntimeError(f"allocation MILP failed: {result.message}")
@@ -142,6 +198,41 @@ def solve(
         choice[js[var]] = int(cs[var])
     status = "optimal" if result.status == 0 else f"feasible ({result.message})"
     return Solution(choice, float(result.fun + idle.sum()), status)
+
+
+class _FreeNodes:
+    """Nodes of each type bucketed by free devices, ids kept sorted within a bucket."""
+
+    def __init__(self, free: dict[int, int], dtype_of: dict[int, str]):
+        self.free = free
+        self.dtype_of = dtype_of
+        self.buckets: dict[tuple[str, int], list[int]] = {}
+        for n in sorted(free):
+            self.buckets.setdefault((dtype_of[n], free[n]), []).append(n)
+
+    def take(self, node: int, count: int) -> None:
+        key = (self.dtype_of[node], self.free[node])
+        bucket = self.buckets[key]
+        bucket.pop(bisect.bisect_left(bucket, node))
+        self.free[node] -= count
+        bisect.insort(self.buckets.setdefault((key[0], self.free[node]), []), node)
+
+    def best_fit(self, dtype: str, count: int, max_free: int) -> int | None:
+        """The lowest-id node among those with the fewest free devices that still fit ``count``."""
+        for amount in range(count, max_free + 1):
+            bucket = self.buckets.get((dtype, amount))
+            if bucket:
+                return bucket[0]
+        return None
+
+    def empty_nodes(self, dtype: str, per_node: int, count: int) -> list[int]:
+        """``count`` lowest-id nodes with at least ``per_node`` free devices, or [] if too few."""
+        out: list[int] = []
+        for (t, amount), bucket in sorted(self.buckets.items()):
+            if t == dtype and amount >= per_node:
+                out.extend(bucket)
+        out.sort()
+        return out[:count] if len(out) >= count else []
 
 
 def place_configs(
@@ -163,25 +254,24 @@ def place_configs(
             placed[name] = old
             for n, c in old.per_node().items():
                 free[n] -= c
+    pool = _FreeNodes(free, dtype_of)
+    max_free = {t: max(n.capacity for n in cluster.nodes_of(t)) for t in cluster.device_types}
     order = sorted((n for n in chosen if n not in placed),
                    key=lambda n: (-chosen[n].nodes, -chosen[n].replicas, n))
     for name in order:
         cfg = chosen[name]
-        nodes = [n for n in free if dtype_of[n] == cfg.device_type]
         if cfg.nodes > 1:
             per = cfg.replicas // cfg.nodes
-            whole = sorted((n for n in nodes if free[n] >= per), key=lambda n: (-free[n], n))
-            if len(whole) < cfg.nodes:
+            take = pool.empty_nodes(cfg.device_type, per, cfg.nodes)
+            if not take:
                 continue
-            take = sorted(whole[: cfg.nodes])
             placed[name] = Allocation(cfg.device_type, tuple(n for n in take for _ in range(per)))
             for n in take:
-                free[n] -= per
+                pool.take(n, per)
         else:
-            fits = [n for n in nodes if free[n] >= cfg.replicas]
-            if not fits:
+            node = pool.best_fit(cfg.device_type, cfg.replicas, max_free[cfg.device_type])
+            if node is None:
                 continue
-            node = min(fits, key=lambda n: (free[n], n))
             placed[name] = Allocation(cfg.device_type, (node,) * cfg.replicas)
-            free[node] -= cfg.replicas
+            pool.take(node, cfg.replicas)
     return placed

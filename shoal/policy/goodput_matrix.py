@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
 from shoal.core.types import JobView
-from shoal.policy.configs import Config
+from shoal.policy.configs import ConfigTable
 
 
 def max_replicas(job: JobView, capacity: int, growth: float = 2.0) -> int:
@@ -20,32 +18,35 @@ def max_replicas(job: JobView, capacity: int, growth: float = 2.0) -> int:
     return cap
 
 
-def goodput_row(
-    job: JobView, configs: Sequence[Config], mask: np.ndarray | None = None
-) -> np.ndarray:
-    """Goodput of each configuration for ``job`` (samples/s at its initial batch size).
-
-    Only configurations where ``mask`` is true are evaluated; the others get zero.
+def goodput_row(job: JobView, table: ConfigTable, index: np.ndarray) -> np.ndarray:
+    """Goodput (samples/s at the initial batch size) of configurations ``index`` for ``job``.
 
     A device type the job has no model for borrows the model of a type it has run on (the
     projection Sia bootstraps with); a job with no model yet is assumed to scale linearly.
     """
     models = job.hints.goodput
-    out = np.zeros(len(configs))
-    wanted = np.ones(len(configs), dtype=bool) if mask is None else mask
     if not models:
-        return np.where(wanted, [float(c.replicas) for c in configs], 0.0)
+        return table.replicas[index].astype(float)
+    out = np.zeros(len(index))
     fallback = next(iter(models.values()))
-    by_type: dict[str, list[int]] = {}
-    for i, c in enumerate(configs):
-        if wanted[i]:
-            by_type.setdefault(c.device_type, []).append(i)
-    for dtype, idx in by_type.items():
-        model = models.get(dtype, fallback)
-        nodes = np.array([configs[i].nodes for i in idx])
-        reps = np.array([configs[i].replicas for i in idx])
-        out[idx] = np.asarray(model.optimize(nodes, reps).goodput, dtype=float)
+    types = table.type_index[index]
+    for t in np.unique(types):
+        at = np.nonzero(types == t)[0]
+        model = models.get(table.types[t], fallback)
+        chosen = index[at]
+        out[at] = np.asarray(
+            model.optimize(table.nodes[chosen], table.replicas[chosen]).goodput, dtype=float)
     return out
+
+
+def candidates(job: JobView, table: ConfigTable, cap: int) -> np.ndarray:
+    """Configurations a job may take: within its replica cap, its allowed types, its rigidity."""
+    ok = table.replicas <= cap
+    if job.spec.rigid:
+        ok &= table.replicas == job.spec.num_replicas
+    if job.spec.device_types:
+        ok &= table.type_mask(job.spec.device_types)
+    return np.nonzero(ok)[0]
 
 
 def restart_factor(job: JobView, delay: float) -> float:
@@ -53,11 +54,12 @@ def restart_factor(job: JobView, delay: float) -> float:
     return max(job.age - job.num_restarts * delay, 0.0) / (job.age + delay)
 
 
-def restart_factors(job: JobView, current: int | None, count: int, delay: float) -> np.ndarray:
-    """Per configuration: 1 to stay in ``current`` (or for a job not running), else the factor."""
-    factor = np.ones(count)
+def restart_factors(job: JobView, index: np.ndarray, current: int | None,
+                    delay: float) -> np.ndarray:
+    """Per candidate: 1 to stay in ``current`` (or for a job not running), else the factor."""
+    factor = np.ones(len(index))
     if job.allocation is not None:  # only a running job loses time by moving
         factor[:] = restart_factor(job, delay)
         if current is not None:
-            factor[current] = 1.0
+            factor[index == current] = 1.0
     return factor

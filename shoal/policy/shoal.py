@@ -34,8 +34,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from shoal.core.types import ClusterState, Decision, Grant, JobView
-from shoal.policy.configs import cluster_configs, config_of, place_configs, solve
-from shoal.policy.goodput_matrix import goodput_row, max_replicas, restart_factors
+from shoal.policy.configs import ConfigTable, Row, place_configs, solve_rows
+from shoal.policy.goodput_matrix import (
+    candidates,
+    goodput_row,
+    max_replicas,
+    restart_factors,
+)
 
 DEVICE_HOUR = 3600.0
 
@@ -84,39 +89,35 @@ class ShoalPolicy:
         if not jobs:
             return {}
         k = self.knobs
-        configs = cluster_configs(cluster)
-        replicas = np.array([c.replicas for c in configs])
-        cost = np.full((len(jobs), len(configs)), np.inf)
+        table = ConfigTable.of(cluster)
+        rows: list[Row] = []
         idle = np.zeros(len(jobs))
         forced: dict[int, int] = {}
         capacity = cluster.capacity()
+        sign = 1.0 if k.p < 0 else -1.0
         for j, job in enumerate(jobs):
             weight = self._weight(job, now)
-            sign = 1.0 if k.p < 0 else -1.0
             idle[j] = sign * weight * k.idle_speedup**k.p
-            ok = replicas <= max_replicas(job, capacity, k.growth)
-            if job.spec.rigid:
-                ok &= replicas == job.spec.num_replicas
-            if job.spec.device_types:
-                ok &= np.array([c.device_type in job.spec.device_types for c in configs])
-            goodput = goodput_row(job, configs, ok)
+            index = candidates(job, table, max_replicas(job, capacity, k.growth))
+            goodput = goodput_row(job, table, index)
             if not k.heterogeneity and job.hints.goodput:
-                goodput = self._type_blind(goodput, configs)
-            ok &= goodput > 0
-            if not ok.any():
+                goodput = self._type_blind(goodput, table, index)
+            index, goodput = index[goodput > 0], goodput[goodput > 0]
+            current = table.index_of(job.allocation)
+            if not len(index):
+                rows.append(Row(index, goodput))
                 continue
-            speedup = goodput / goodput[ok].min()
-            current = config_of(job.allocation, configs)
-            factor = np.ones(len(configs))
+            speedup = goodput / goodput.min()
             if k.restart_aware:
-                factor = restart_factors(job, current, len(configs), k.restart_delay)
+                speedup = speedup * restart_factors(job, index, current, k.restart_delay)
             with np.errstate(divide="ignore"):
-                cost[j, ok] = sign * weight * (speedup[ok] * factor[ok]) ** k.p
+                rows.append(Row(index, sign * weight * speedup**k.p))
             if not job.spec.preemptible and current is not None:
                 forced[j] = current
-        solution = solve(cost, idle, configs, cluster, forced)
+        solution = solve_rows(rows, idle, table.configs, cluster, forced)
         self.last_status = solution.status
-        chosen = {jobs[j].name: configs[c] for j, c in enumerate(solution.choice) if c is not None}
+        chosen = {jobs[j].name: table.configs[c]
+                  for j, c in enumerate(solution.choice) if c is not None}
         current_allocs = {j.name: j.allocation for j in jobs if j.allocation is not None}
         placed = place_configs(chosen, current_allocs, cluster)
         fixed = {j.name: j.spec.batch_size for j in jobs}
@@ -127,10 +128,11 @@ class ShoalPolicy:
         }
 
     @staticmethod
-    def _type_blind(goodput: np.ndarray, configs) -> np.ndarray:
+    def _type_blind(goodput: np.ndarray, table: ConfigTable, index: np.ndarray) -> np.ndarray:
         """Goodput as if every type performed like the best-known one at the same shape."""
         by_shape: dict[tuple[int, int], float] = {}
-        for g, c in zip(goodput, configs, strict=True):
-            key = (c.nodes, c.replicas)
+        shapes = list(zip(table.nodes[index].tolist(), table.replicas[index].tolist(),
+                          strict=True))
+        for g, key in zip(goodput, shapes, strict=True):
             by_shape[key] = max(by_shape.get(key, 0.0), g)
-        return np.array([by_shape[(c.nodes, c.replicas)] for c in configs])
+        return np.array([by_shape[key] for key in shapes])

@@ -16,8 +16,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from shoal.core.types import ClusterState, Decision, Grant, JobView
-from shoal.policy.configs import cluster_configs, config_of, place_configs, solve
-from shoal.policy.goodput_matrix import goodput_row, max_replicas, restart_factors
+from shoal.policy.configs import ConfigTable, Row, place_configs, solve_rows
+from shoal.policy.goodput_matrix import (
+    candidates,
+    goodput_row,
+    max_replicas,
+    restart_factors,
+)
 
 
 class SiaPolicy:
@@ -34,25 +39,26 @@ class SiaPolicy:
     def decide(self, jobs: Sequence[JobView], cluster: ClusterState, now: float) -> Decision:
         if not jobs:
             return {}
-        configs = cluster_configs(cluster)
-        replicas = np.array([c.replicas for c in configs])
-        cost = np.full((len(jobs), len(configs)), np.inf)
+        table = ConfigTable.of(cluster)
+        rows: list[Row] = []
         capacity = cluster.capacity()
-        for j, job in enumerate(jobs):
-            ok = replicas <= max_replicas(job, capacity)
-            goodput = goodput_row(job, configs, ok)
-            ok &= goodput > 0
-            if not ok.any():
+        for job in jobs:
+            index = candidates(job, table, max_replicas(job, capacity))
+            goodput = goodput_row(job, table, index)
+            index, goodput = index[goodput > 0], goodput[goodput > 0]
+            if not len(index):
+                rows.append(Row(index, goodput))
                 continue
-            speedup = goodput / goodput[ok].min()
-            current = config_of(job.allocation, configs)
-            factor = restart_factors(job, current, len(configs), self.restart_delay)
+            speedup = goodput / goodput.min()
+            current = table.index_of(job.allocation)
+            speedup = speedup * restart_factors(job, index, current, self.restart_delay)
             with np.errstate(divide="ignore"):
-                cost[j, ok] = (speedup[ok] * factor[ok]) ** self.p
+                rows.append(Row(index, speedup**self.p))
         idle = np.full(len(jobs), self.no_alloc_penalty)
-        solution = solve(cost, idle, configs, cluster)
+        solution = solve_rows(rows, idle, table.configs, cluster)
         self.last_status = solution.status
-        chosen = {jobs[j].name: configs[c] for j, c in enumerate(solution.choice) if c is not None}
+        chosen = {jobs[j].name: table.configs[c]
+                  for j, c in enumerate(solution.choice) if c is not None}
         current = {j.name: j.allocation for j in jobs if j.allocation is not None}
         placed = place_configs(chosen, current, cluster)
         return {name: Grant(a.num_replicas, a.device_type, a.nodes) for name, a in placed.items()}

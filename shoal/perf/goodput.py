@@ -122,3 +122,41 @@ class SpeedupFunction:
     def __call__(self, num_nodes, num_replicas):
         result = self.goodput(num_nodes, num_replicas) / self.base_goodput
         return float(result) if np.ndim(result) == 0 else result
+
+
+def optimize_many(
+    models: list[GoodputModel], model_of: np.ndarray, num_nodes: np.ndarray,
+    num_replicas: np.ndarray, accumulation: bool = True,
+) -> np.ndarray:
+    """Best goodput of many (model, nodes, replicas) triples in one vectorized pass.
+
+    Pair ``i`` is ``models[model_of[i]]`` at ``(num_nodes[i], num_replicas[i])``; the result
+    equals ``models[model_of[i]].optimize(num_nodes[i], num_replicas[i]).goodput``. Deciding
+    for thousands of jobs, one pass over all pairs is much faster than a call per job.
+    """
+    if not len(model_of):
+        return np.zeros(0)
+    fields = np.array([
+        (*m.perf.as_tuple(), m.grad.sqr, m.grad.var, m.init_batch_size, m.max_batch_size,
+         m.min_atomic_bsz, m.max_atomic_bsz) for m in models
+    ], dtype=float)[model_of].T
+    ac, bc, an, bn, ar, br, g, sqr, var, init, max_batch, min_atomic, max_atomic = fields
+    nodes = np.asarray(num_nodes, dtype=float)
+    replicas = np.asarray(num_replicas, dtype=float)
+    min_batch = np.maximum(init, min_atomic * replicas)
+    batch = min_batch * (max_batch / min_batch) ** _GEOM_STEPS
+    local = batch / replicas
+    if accumulation:
+        accum = np.ceil(local / max_atomic - _EPS) - 1
+        single_grown = (replicas == 1) & (local > init + _EPS)
+        accum = np.where(single_grown, np.maximum(accum, 1), accum)
+    else:
+        accum = np.zeros_like(local)
+    atomic = np.ceil(local / (accum + 1) - _EPS)
+    # The scalar models' formulas broadcast over per-pair parameter arrays unchanged.
+    perf = PerfParams(ac, bc, an, bn, ar, br, g)
+    used = replicas * atomic * (accum + 1)
+    goodput = used / predict_step_time(perf, nodes, replicas, atomic, accum) * efficiency(
+        GradStats(sqr, var), used, init)
+    valid = (min_atomic <= atomic) & (atomic <= max_atomic)
+    return np.where(valid, goodput, 0.0).max(axis=0)

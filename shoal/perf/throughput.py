@@ -16,7 +16,7 @@ log error of compute and step time with small regularizers toward optimistic sca
 from __future__ import annotations
 
 import math
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.optimize
@@ -35,8 +35,13 @@ class PerfParams:
     beta_r: float
     gamma: float
 
+    def as_tuple(self) -> tuple[float, ...]:
+        # Spelled out: dataclasses.astuple deep-copies and is slow on hot paths.
+        return (self.alpha_c, self.beta_c, self.alpha_n, self.beta_n, self.alpha_r, self.beta_r,
+                self.gamma)
+
     def as_array(self) -> np.ndarray:
-        return np.array(astuple(self), dtype=float)
+        return np.array(self.as_tuple(), dtype=float)
 
 
 def predict_grad_time(params: PerfParams, atomic_bsz: ArrayLike) -> np.ndarray:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from shoal.core.types import JobView
+from shoal.perf.goodput import GoodputModel, optimize_many
 from shoal.policy.configs import ConfigTable
 
 
@@ -37,6 +40,45 @@ def goodput_row(job: JobView, table: ConfigTable, index: np.ndarray) -> np.ndarr
         out[at] = np.asarray(
             model.optimize(table.nodes[chosen], table.replicas[chosen]).goodput, dtype=float)
     return out
+
+
+def goodput_rows(jobs: Sequence[JobView], table: ConfigTable,
+                 indices: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """:func:`goodput_row` of every job at once: one vectorized pass over all pairs."""
+    models: list[GoodputModel] = []
+    slot: dict[int, int] = {}
+    model_of: list[np.ndarray] = []
+    linear: list[np.ndarray] = []
+    custom: dict[int, np.ndarray] = {}
+    for j, (job, index) in enumerate(zip(jobs, indices, strict=True)):
+        by_type = job.hints.goodput
+        # Models of other kinds (e.g. planned large-model jobs) evaluate themselves.
+        if by_type and not all(type(m) is GoodputModel for m in by_type.values()):
+            custom[j] = goodput_row(job, table, index)
+        linear.append(np.full(len(index), not by_type or j in custom))
+        if not by_type or j in custom:
+            model_of.append(np.zeros(len(index), dtype=int))
+            continue
+        fallback = next(iter(by_type.values()))
+        per_type = np.empty(len(table.types), dtype=int)
+        for t, name in enumerate(table.types):
+            model = by_type.get(name, fallback)
+            per_type[t] = slot.setdefault(id(model), len(models))
+            if per_type[t] == len(models):
+                models.append(model)
+        model_of.append(per_type[table.type_index[index]])
+    flat = np.concatenate(indices) if indices else np.zeros(0, dtype=int)
+    is_linear = np.concatenate(linear) if linear else np.zeros(0, dtype=bool)
+    out = table.replicas[flat].astype(float)
+    modelled = ~is_linear
+    if models and modelled.any():
+        out[modelled] = optimize_many(models, np.concatenate(model_of)[modelled],
+                                      table.nodes[flat[modelled]],
+                                      table.replicas[flat[modelled]])
+    rows = np.split(out, np.cumsum([len(i) for i in indices])[:-1])
+    for j, row in custom.items():
+        rows[j] = row
+    return rows
 
 
 def candidates(job: JobView, table: ConfigTable, cap: int) -> np.ndarray:

@@ -37,7 +37,7 @@ from shoal.core.types import ClusterState, Decision, Grant, JobView
 from shoal.policy.configs import ConfigTable, Row, place_configs, solve_rows
 from shoal.policy.goodput_matrix import (
     candidates,
-    goodput_row,
+    goodput_rows,
     max_replicas,
     restart_factors,
 )
@@ -95,18 +95,19 @@ class ShoalPolicy:
         forced: dict[int, int] = {}
         capacity = cluster.capacity()
         sign = 1.0 if k.p < 0 else -1.0
+        indices = [candidates(job, table, max_replicas(job, capacity, k.growth)) for job in jobs]
+        goodputs = goodput_rows(jobs, table, indices)
         for j, job in enumerate(jobs):
             weight = self._weight(job, now)
             idle[j] = sign * weight * k.idle_speedup**k.p
-            index = candidates(job, table, max_replicas(job, capacity, k.growth))
-            goodput = goodput_row(job, table, index)
+            index, goodput = indices[j], goodputs[j]
             if not k.heterogeneity and job.hints.goodput:
                 goodput = self._type_blind(goodput, table, index)
             index, goodput = index[goodput > 0], goodput[goodput > 0]
-            current = table.index_of(job.allocation)
             if not len(index):
                 rows.append(Row(index, goodput))
                 continue
+            current = table.index_of(job.allocation)
             speedup = goodput / goodput.min()
             if k.restart_aware:
                 speedup = speedup * restart_factors(job, index, current, k.restart_delay)

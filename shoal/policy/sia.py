@@ -19,7 +19,7 @@ from shoal.core.types import ClusterState, Decision, Grant, JobView
 from shoal.policy.configs import ConfigTable, Row, place_configs, solve_rows
 from shoal.policy.goodput_matrix import (
     candidates,
-    goodput_row,
+    goodput_rows,
     max_replicas,
     restart_factors,
 )
@@ -42,9 +42,9 @@ class SiaPolicy:
         table = ConfigTable.of(cluster)
         rows: list[Row] = []
         capacity = cluster.capacity()
-        for job in jobs:
-            index = candidates(job, table, max_replicas(job, capacity))
-            goodput = goodput_row(job, table, index)
+        indices = [candidates(job, table, max_replicas(job, capacity)) for job in jobs]
+        for job, index, goodput in zip(jobs, indices, goodput_rows(jobs, table, indices),
+                                       strict=True):
             index, goodput = index[goodput > 0], goodput[goodput > 0]
             if not len(index):
                 rows.append(Row(index, goodput))

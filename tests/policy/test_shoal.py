@@ -10,7 +10,15 @@ from hypothesis import strategies as st
 from shoal.backends.sim.run import simulate
 from shoal.core.types import ClusterState, JobLimits, JobState, JobView, ModelHints
 from shoal.perf import GoodputModel, GradStats, PerfParams
-from shoal.policy.configs import cluster_configs, place_configs, solve
+from shoal.perf.goodput import optimize_many
+from shoal.policy.configs import (
+    Row,
+    cluster_configs,
+    place_configs,
+    solve,
+    undominated,
+    undominated_rows,
+)
 from shoal.policy.shoal import ShoalPolicy
 from shoal.spec import JobSpec, parse_cluster
 from shoal.spec.cluster import NodeInfo
@@ -116,3 +124,51 @@ def test_a_long_job_among_many_short_ones_finishes(profiles):
     by_name = {r.name: r for r in result.records}
     assert by_name["long"].state == JobState.FINISHED
     assert all(r.state == JobState.FINISHED for r in result.records)
+
+
+def test_fractional_relaxation_falls_back_to_the_exact_milp(monkeypatch):
+    """Two jobs that each want 4 of 6 devices: the LP gives each 3/4 of one; the MILP must not."""
+    import shoal.policy.configs as configs_module
+
+    relaxed = []
+    solve_relaxation = configs_module._solve_relaxation
+    monkeypatch.setattr(configs_module, "_solve_relaxation",
+                        lambda *a: relaxed.append(solve_relaxation(*a)[0]) or (None, 0.0, ""))
+    cluster = ClusterState((NodeInfo(0, "t4", 4), NodeInfo(1, "t4", 2)))
+    configs = cluster_configs(cluster)
+    cost = np.array([[-10.0 if c.replicas == 4 else 0.0 for c in configs]] * 2)
+    idle = np.zeros(2)
+    solution = solve(cost, idle, configs, cluster)
+    assert relaxed == [None]  # the relaxation was fractional
+    assert solution.objective == pytest.approx(_brute_force(cost, idle, configs, cluster))
+    assert solution.objective == pytest.approx(-10.0)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(st.lists(st.lists(st.floats(-3, 3) | st.just(1.0), min_size=0, max_size=9),
+                min_size=1, max_size=6))
+def test_batched_dominance_pruning_matches_per_row(costs):
+    configs = cluster_configs(TWO_TYPES)
+    type_index = np.array([TWO_TYPES.device_types.index(c.device_type) for c in configs])
+    rows = [Row(np.arange(len(c)) % len(configs), np.array(c, dtype=float)) for c in costs]
+    rows = [Row(np.unique(r.index), r.cost[: len(np.unique(r.index))]) for r in rows]
+    for single, batched in zip([undominated(r, type_index) for r in rows],
+                               undominated_rows(rows, type_index), strict=True):
+        assert np.array_equal(single.index, batched.index)
+        assert np.array_equal(single.cost, batched.cost)
+
+
+def test_batched_goodput_equals_per_model_optimize():
+    rng = np.random.default_rng(3)
+    models = [GoodputModel(PerfParams(*rng.uniform(0.01, 0.2, 6), rng.uniform(1, 3)),
+                           GradStats(sqr=rng.uniform(0.1, 1), var=rng.uniform(0.1, 5)),
+                           init_batch_size=int(b), max_batch_size=int(b) * 16,
+                           min_atomic_bsz=8, max_atomic_bsz=int(b))
+              for b in rng.choice([32, 64, 128], size=5)]
+    model_of = rng.integers(0, 5, size=200)
+    nodes = rng.integers(1, 4, size=200)
+    replicas = nodes * rng.integers(1, 9, size=200)
+    batched = optimize_many(models, model_of, nodes, replicas)
+    single = [models[m].optimize(int(n), int(r)).goodput
+              for m, n, r in zip(model_of, nodes, replicas, strict=True)]
+    assert batched == pytest.approx(np.array(single), rel=1e-12)

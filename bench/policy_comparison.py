@@ -2,17 +2,19 @@
 
     .venv/bin/python bench/policy_comparison.py [--workloads 1-8] [--clusters pollux-t4-64]
         [--policies fifo,tiresias,optimus,gavel,pollux,sia,shoal,shoal-no-...] [--jobs 2]
-        [--profiles DIR] [--json out/policy_comparison.json]
+        [--profiles DIR] [--json out/policy_comparison.json] [--cache out/policy_runs]
 
 Prints, per cluster and policy, the mean over workloads of average and p99 JCT, makespan,
 device-hours per job and restarts per job, and the worst finish-time fairness; then shoal's
 ratio to pollux and sia. The heterogeneous presets need per-type profiles (``--profiles
-data/profiles-hetero``).
+data/profiles-hetero``). Each simulation's report is kept in ``--cache`` and reused by later
+invocations with the same settings and sources, so a long comparison can be run piecewise.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -35,6 +37,7 @@ def main() -> None:
     parser.add_argument("--profiles", default=str(DATA / "traces"))
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--json", default="out/policy_comparison.json")
+    parser.add_argument("--cache", default="out/policy_runs")
     args = parser.parse_args()
     lo, _, hi = args.workloads.partition("-")
     workloads = range(int(lo), int(hi or lo) + 1)
@@ -44,8 +47,10 @@ def main() -> None:
          "seed": 0}
         for c in args.clusters.split(",") for p in args.policies.split(",") for w in workloads
     ]
+    cache = Path(args.cache) / _source_version()
+    cache.mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        reports = list(pool.map(run_one, tasks))
+        reports = list(pool.map(_cached_run, tasks, [cache] * len(tasks)))
     for task, report in zip(tasks, reports, strict=True):
         report["summary"]["cluster"] = task["cluster"]
     console = Console(width=170)
@@ -71,6 +76,24 @@ def main() -> None:
     path.write_text(json.dumps({"by_cluster": out,
                                 "runs": [r["summary"] for r in reports]}, indent=2))
     console.print(f"wrote {path}")
+
+
+def _source_version() -> str:
+    """A digest of shoal's sources: cached reports are reused only for the same code."""
+    digest = hashlib.sha256()
+    for path in sorted((ROOT / "shoal").rglob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def _cached_run(task: dict, cache: Path) -> dict:
+    key = hashlib.sha256(json.dumps(task, sort_keys=True).encode()).hexdigest()[:16]
+    path = cache / f"{task['cluster']}-{task['policy']}-{Path(task['workload']).stem}-{key}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    report = run_one(task)
+    path.write_text(json.dumps(report))
+    return report
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -42,9 +43,14 @@ def goodput_row(job: JobView, table: ConfigTable, index: np.ndarray) -> np.ndarr
     return out
 
 
-def goodput_rows(jobs: Sequence[JobView], table: ConfigTable,
-                 indices: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """:func:`goodput_row` of every job at once: one vectorized pass over all pairs."""
+def goodput_rows(jobs: Sequence[JobView], table: ConfigTable, indices: Sequence[np.ndarray],
+                 fixed_batch: bool = False) -> list[np.ndarray]:
+    """:func:`goodput_row` of every job at once: one vectorized pass over all pairs.
+
+    With ``fixed_batch`` jobs run at their initial batch size (a policy that does not adapt
+    batch sizes): goodput is evaluated at that batch, and configurations whose replicas would
+    each get less than the smallest micro-batch the job runs with get none.
+    """
     models: list[GoodputModel] = []
     slot: dict[int, int] = {}
     model_of: list[np.ndarray] = []
@@ -65,16 +71,22 @@ def goodput_rows(jobs: Sequence[JobView], table: ConfigTable,
             model = by_type.get(name, fallback)
             per_type[t] = slot.setdefault(id(model), len(models))
             if per_type[t] == len(models):
-                models.append(model)
+                models.append(dataclasses.replace(model, max_batch_size=model.init_batch_size)
+                              if fixed_batch else model)
         model_of.append(per_type[table.type_index[index]])
     flat = np.concatenate(indices) if indices else np.zeros(0, dtype=int)
     is_linear = np.concatenate(linear) if linear else np.zeros(0, dtype=bool)
     out = table.replicas[flat].astype(float)
     modelled = ~is_linear
     if models and modelled.any():
-        out[modelled] = optimize_many(models, np.concatenate(model_of)[modelled],
-                                      table.nodes[flat[modelled]],
-                                      table.replicas[flat[modelled]])
+        which = np.concatenate(model_of)[modelled]
+        replicas = table.replicas[flat[modelled]]
+        goodput = optimize_many(models, which, table.nodes[flat[modelled]], replicas)
+        if fixed_batch:
+            smallest = np.array([m.min_atomic_bsz for m in models])[which]
+            batch = np.array([m.init_batch_size for m in models])[which]
+            goodput = np.where(replicas * smallest <= batch, goodput, 0.0)
+        out[modelled] = goodput
     rows = np.split(out, np.cumsum([len(i) for i in indices])[:-1])
     for j, row in custom.items():
         rows[j] = row

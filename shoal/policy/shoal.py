@@ -56,6 +56,9 @@ class ShoalKnobs:
     adapt_batch: bool = True
     restart_aware: bool = True
     remaining_work: bool = True
+    # Speedups relative to a job's smallest configuration (Sia) or to its best configuration
+    # within an equal share of the cluster (Pollux); see the module docstring.
+    baseline: str = "smallest"
 
 
 class ShoalPolicy:
@@ -95,8 +98,9 @@ class ShoalPolicy:
         forced: dict[int, int] = {}
         capacity = cluster.capacity()
         sign = 1.0 if k.p < 0 else -1.0
+        fair = max(capacity // len(jobs), 1)
         indices = [candidates(job, table, max_replicas(job, capacity, k.growth)) for job in jobs]
-        goodputs = goodput_rows(jobs, table, indices)
+        goodputs = goodput_rows(jobs, table, indices, fixed_batch=not k.adapt_batch)
         for j, job in enumerate(jobs):
             weight = self._weight(job, now)
             idle[j] = sign * weight * k.idle_speedup**k.p
@@ -108,7 +112,13 @@ class ShoalPolicy:
                 rows.append(Row(index, goodput))
                 continue
             current = table.index_of(job.allocation)
-            speedup = goodput / goodput.min()
+            base = goodput.min()
+            if k.baseline == "fair":
+                at_most_fair = table.replicas[index] <= fair
+                if at_most_fair.any():
+                    base = goodput[at_most_fair].max()
+                idle[j] = sign * weight * (k.idle_speedup * goodput.min() / base) ** k.p
+            speedup = goodput / base
             if k.restart_aware:
                 speedup = speedup * restart_factors(job, index, current, k.restart_delay)
             with np.errstate(divide="ignore"):

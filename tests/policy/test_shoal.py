@@ -111,6 +111,13 @@ def test_remaining_work_knob_prefers_the_shorter_job():
         assert (srpt["short"].replicas, srpt["long"].replicas) == (8, 4)
 
 
+def test_without_batch_adaptation_no_replica_gets_less_than_its_smallest_micro_batch():
+    # Batch 64, smallest micro-batch 16: at most 4 replicas, however many devices are idle.
+    decision = ShoalPolicy(adapt_batch=False).decide([_view("a", profiled=32)], THREE_NODES, 0)
+    assert 1 <= decision["a"].replicas <= 4
+    assert ShoalPolicy().decide([_view("a", profiled=32)], THREE_NODES, 0)["a"].replicas > 4
+
+
 def test_a_long_job_among_many_short_ones_finishes(profiles):
     cluster = parse_cluster({
         "name": "tiny", "device_types": [{"name": "t4", "memory_gb": 16}],

@@ -1,19 +1,30 @@
-"""Resize time of the example jobs: seconds from the resize signal to the first step at the new
-size, through the local backend's own start/stop code (SIGTERM -> checkpoint -> exit 3 ->
-restart with the new world size).
+"""Resize time of the example jobs through the local backend's own start/stop code.
 
-    .venv/bin/python bench/resize_time.py [--jobs examples/mlp_digits/job.yaml ...]
+For each job: start it on the first world size, let it train, then ask for each next size in
+turn (``LocalJob.set_target``, as the service does) and time
 
-The first completed optimizer step of every process is recorded by a ``sitecustomize`` hook
-on ``ElasticTrainer.step`` (the library is not modified). Prints a table and writes
-out/bench/resize_time.json.
+* ``signal``: from the stop signal (SIGTERM to the running replicas) to the first completed
+  step at the new size -- the resize goal (<= 5 s) is about this one;
+* ``downtime``: from the last step at the old size to the first step at the new one (the time
+  the job does not train);
+* ``decision``: from ``set_target`` to the first step at the new size (with pre-warming this
+  includes the new replicas' start-up, during which the old ones keep training).
+
+    .venv/bin/python bench/resize_time.py [--jobs examples/mlp_digits/job.yaml ...] \
+        [--sizes 1,2,1] [--no-prewarm]
+
+Step times of every process are recorded by a ``sitecustomize`` hook on
+``ElasticTrainer.step`` (the library is not modified). Prints a table and writes JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
+import os
+import statistics
 import sys
 import tempfile
 import time
@@ -36,66 +47,84 @@ except Exception:
     _t = None
 if _t is not None:
     _step = _t.ElasticTrainer.step
-    _seen = []
+    _out = open(os.environ["BENCH_STEPS"], "a", buffering=1)
     def step(self, *a, **k):
         done = _step(self, *a, **k)
-        if done and not _seen:
-            _seen.append(1)
-            with open(os.environ["BENCH_FIRST_STEPS"], "a") as f:
-                f.write(json.dumps({"t": time.time(), "ws": self._ctx.world_size,
-                                    "rank": self._ctx.rank}) + "\\n")
+        if done:
+            _out.write(json.dumps({"t": time.time(), "ws": self._ctx.world_size,
+                                   "rank": self._ctx.rank, "pid": os.getpid()}) + "\\n")
         return done
     _t.ElasticTrainer.step = step
 '''
 
 
-def _first_steps(path: Path) -> list[dict]:
+def _steps(path: Path) -> list[dict]:
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    out = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):  # a line being written
+            out.append(json.loads(line))
+    return out
 
 
-def _wait_first_step(job: LocalJob, path: Path, world: int, after: float, timeout: float) -> float:
+def _run_until_first_step(job: LocalJob, path: Path, world: int, after: float,
+                          timeout: float) -> tuple[float, float | None]:
+    """Tick the job until every rank of the new size stepped; (first step, stop signal)."""
     deadline = time.time() + timeout
+    stop_signal = None
     while time.time() < deadline:
         job.tick(time.time())
+        if stop_signal is None and job.phase == Phase.STOPPING:
+            stop_signal = time.time()
         if job.phase in (Phase.FAILED, Phase.FINISHED):
             raise RuntimeError(f"{job.name} ended ({job.phase}: {job.failed_reason})")
-        hits = [s["t"] for s in _first_steps(path) if s["ws"] == world and s["t"] > after]
-        if len(hits) >= world:
-            return max(hits)
-        time.sleep(0.05)
+        firsts: dict[int, float] = {}
+        for s in _steps(path):
+            if s["ws"] == world and s["t"] > after:
+                firsts.setdefault(s["pid"], s["t"])
+        if len(firsts) >= world:
+            return max(firsts.values()), stop_signal
+        time.sleep(0.02)
     raise TimeoutError(f"{job.name}: no step at world size {world} within {timeout} s")
 
 
-def measure(job_file: Path, workdir: Path, sizes: list[int], timeout: float) -> dict:
+def measure(job_file: Path, workdir: Path, sizes: list[int], timeout: float,
+            prewarm: bool) -> dict:
     spec = load_job_yaml(job_file.read_text(), source=str(job_file))
     with tempfile.TemporaryDirectory(prefix="shoal-bench-") as scratch:
         home = Path(scratch)
         hook_dir = home / "hook"
         hook_dir.mkdir()
         (hook_dir / "sitecustomize.py").write_text(HOOK)
-        steps_file = home / "first_steps.jsonl"
-        import os
-
-        os.environ["BENCH_FIRST_STEPS"] = str(steps_file)
+        steps_file = home / "steps.jsonl"
+        os.environ["BENCH_STEPS"] = str(steps_file)
         os.environ["PYTHONPATH"] = os.pathsep.join([str(hook_dir), str(REPO)])
         settings = RunSettings(home=home, pool=DevicePool("cpu", max(sizes), 1),
-                               checkpoint_interval_s=3600.0)
-        limits = JobLimits(spec.batch_size or 1, spec.batch_size or 1, 1, spec.batch_size or 1,
-                           max(sizes))
+                               checkpoint_interval_s=3600.0, prewarm=prewarm)
+        batch = spec.batch_size or 1
+        limits = JobLimits(batch, batch, 1, batch, max(sizes))
         job = LocalJob(spec, workdir, limits, settings, JobModel("cpu", spec.target_epochs))
         job.set_target(Allocation("cpu", (0,) * sizes[0]), None)
         started = time.time()
-        _wait_first_step(job, steps_file, sizes[0], started, timeout)
-        cold = time.time() - started
+        first, _ = _run_until_first_step(job, steps_file, sizes[0], started, timeout)
+        cold = first - started
         resizes = []
         for old, new in itertools.pairwise(sizes):
-            time.sleep(2.0)  # let it train a little at this size
-            signal_at = time.time()
+            settle = time.time() + 3.0  # let it train a little at this size
+            while time.time() < settle:
+                job.tick(time.time())
+                time.sleep(0.05)
+            decided = time.time()
             job.set_target(Allocation("cpu", (0,) * new), None)
-            first = _wait_first_step(job, steps_file, new, signal_at, timeout)
-            resizes.append({"from": old, "to": new, "seconds": first - signal_at})
+            first, stop_signal = _run_until_first_step(job, steps_file, new, decided, timeout)
+            last_old = max(s["t"] for s in _steps(steps_file) if s["ws"] == old and s["t"] < first)
+            resizes.append({
+                "from": old, "to": new,
+                "decision_s": first - decided,
+                "signal_s": first - (stop_signal or decided),
+                "downtime_s": first - last_old,
+            })
         job.cancel()
         deadline = time.time() + 60
         while not job.terminal and time.time() < deadline:
@@ -110,19 +139,45 @@ def main() -> None:
                         default=sorted((REPO / "examples").glob("*/job.yaml")))
     parser.add_argument("--sizes", default="1,2,1", help="world sizes in turn")
     parser.add_argument("--timeout", type=float, default=180.0)
+    parser.add_argument("--no-prewarm", action="store_true",
+                        help="resize by stop and cold start (no pre-warmed replicas)")
     parser.add_argument("--out", type=Path, default=REPO / "out" / "bench" / "resize_time.json")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     results = []
-    print(f"{'job':<20} {'cold start s':>12} " + " ".join(
-        f"{a}->{b} s".rjust(9) for a, b in itertools.pairwise(sizes)))
+    pairs = list(itertools.pairwise(sizes))
+    header = " ".join(f"{a}->{b} sig/down/dec s".rjust(22) for a, b in pairs)
+    print(f"{'job':<18} {'cold start s':>12} {header}")
     for job_file in args.jobs:
-        result = measure(job_file, REPO, sizes, args.timeout)
+        result = measure(job_file, REPO, sizes, args.timeout, prewarm=not args.no_prewarm)
         results.append(result)
-        print(f"{result['job']:<20} {result['cold_start_s']:>12.1f} " + " ".join(
-            f"{r['seconds']:>9.1f}" for r in result["resizes"]), flush=True)
+        cells = " ".join(
+            f"{r['signal_s']:6.1f} {r['downtime_s']:6.1f} {r['decision_s']:6.1f}".rjust(22)
+            for r in result["resizes"]
+        )
+        print(f"{result['job']:<18} {result['cold_start_s']:>12.1f} {cells}", flush=True)
+    signal = [r["signal_s"] for res in results for r in res["resizes"]]
+    downtime = [r["downtime_s"] for res in results for r in res["resizes"]]
+    summary = {
+        "median_signal_s": statistics.median(signal),
+        "max_signal_s": max(signal),
+        "median_downtime_s": statistics.median(downtime),
+        "goal_signal_s": 5.0,
+    }
+    print(f"signal -> first step at the new size: median {summary['median_signal_s']:.1f} s, "
+          f"max {summary['max_signal_s']:.1f} s (goal <= 5 s); downtime median "
+          f"{summary['median_downtime_s']:.1f} s")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"sizes": sizes, "results": results}, indent=2))
+    report = {
+        "benchmark": "resize_time",
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "prewarm": not args.no_prewarm,
+        "sizes": sizes,
+        "load_average_1m": os.getloadavg()[0],
+        **summary,
+        "results": results,
+    }
+    args.out.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")
 
 

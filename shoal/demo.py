@@ -2,12 +2,15 @@
 
 Starts a service in a temporary SHOAL_HOME, submits ``examples/*/job.yaml`` with staggered
 arrivals, shows live progress, waits for every job, prints a summary (JCT, resizes, goodput),
-writes an HTML/PNG/JSON report and stops the service.
+writes an HTML/PNG/JSON report and stops the service. Then it replays the run in the simulator
+from the profiles the jobs measured (``shoal.service.replay``) and prints the simulator's
+average JCT next to the real one.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -20,7 +23,7 @@ from rich.text import Text
 
 from shoal.cli.views import cluster_line, jobs_table
 from shoal.policy.registry import POLICIES
-from shoal.service import report
+from shoal.service import replay, report
 from shoal.service.launch import start_background, stop
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,6 +41,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--jobs", nargs="*", type=Path, default=None,
                         help="job YAMLs (default: examples/*/job.yaml)")
+    parser.add_argument("--backend", choices=["local", "ray"], default="local",
+                        help="ray: run the jobs on a Ray cluster (see docs/ray.md)")
+    parser.add_argument("--address", default=None,
+                        help="ray: the cluster to join (default: start a one-node cluster)")
     return parser.parse_args(argv)
 
 
@@ -69,12 +76,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         home = args.home
     console.print(f"starting shoal (policy {args.policy}, {args.slots} CPU slots, home {home})")
+    ray_options = {} if args.backend == "local" else {"backend": "ray", "address": args.address}
     url, _ = start_background(home, policy=args.policy, slots=args.slots, cores_per_slot=1,
                               interval=args.interval, checkpoint_interval=30.0,
-                              restart_delay=30.0)
+                              restart_delay=30.0, **ray_options)
     http = httpx.Client(base_url=url, timeout=30)
     try:
-        summary = _drive(console, http, files, args)
+        summary, jobs, cluster = _drive(console, http, files, args)
     finally:
         console.print("stopping the service")
         stop(home)
@@ -88,12 +96,34 @@ def run(args: argparse.Namespace) -> int:
     )
     paths = report.write(summary, args.out, f"shoal demo ({args.policy})")
     console.print(f"report: {paths['html']} ({paths['png'].name}, {paths['json'].name})")
+    _replay(console, jobs, cluster, args.out)
     if scratch is not None:
         scratch.cleanup()
     return 0 if summary["failed"] == 0 and summary["finished"] == len(files) else 1
 
 
-def _drive(console: Console, http: httpx.Client, files: list[Path], args) -> dict:
+def _replay(console: Console, jobs: list[dict], cluster: dict, out: Path) -> None:
+    """The simulator's prediction of this run, from the profiles the jobs measured."""
+    try:
+        run = replay.export_run(jobs, cluster, out / "profiles")
+        comparison = replay.compare(run, replay.simulate_run(run))
+    except ValueError as exc:
+        console.print(f"[yellow]no simulator replay: {exc}[/]")
+        return
+    (out / "replay.json").write_text(json.dumps(comparison, indent=2))
+    sim = comparison["sim_avg_jct_s"]
+    costs = run.costs
+    console.print(
+        f"simulator replay (same policy, measured profiles; starts {costs.start_delay:.1f} s, "
+        f"resizes {costs.resize_overlap:.1f} s overlapped + {costs.restart_delay:.1f} s): "
+        + (f"average JCT {sim:.0f} s vs {comparison['real_avg_jct_s']:.0f} s real "
+           f"({100 * comparison['error']:+.0f}%)" if sim is not None else "a job did not finish")
+        + f" -> {out / 'replay.json'}"
+    )
+
+
+def _drive(console: Console, http: httpx.Client, files: list[Path],
+           args) -> tuple[dict, list[dict], dict]:
     started = time.monotonic()
     pending = list(files)
     next_arrival = started
@@ -124,7 +154,7 @@ def _drive(console: Console, http: httpx.Client, files: list[Path], args) -> dic
                 console.print("[red]timed out; stopping[/]")
                 break
             time.sleep(1.0)
-    return report.summarize(jobs)
+    return report.summarize(jobs), jobs, http.get("/api/cluster").json()
 
 
 def main(argv: list[str] | None = None) -> None:

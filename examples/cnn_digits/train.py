@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     trainer = st.ElasticTrainer(model, optimizer)
 
     for epoch in st.epochs(args.epochs):
+        loss = torch.tensor(float("nan"))  # an epoch resumed at its end has no batch
         for batch_images, batch_labels in loader:
             loss = nn.functional.cross_entropy(trainer.model(batch_images), batch_labels)
             trainer.backward(loss)

@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     trainer = st.ElasticTrainer(model, optimizer)
 
     for epoch in st.epochs(args.epochs):
+        loss = torch.tensor(float("nan"))  # an epoch resumed at its end has no batch
         for images, labels in loader:
             loss = nn.functional.cross_entropy(trainer.model(images), labels)
             trainer.backward(loss)

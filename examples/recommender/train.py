@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     trainer = st.ElasticTrainer(model, optimizer)
 
     for epoch in st.epochs(args.epochs):
+        loss = torch.tensor(float("nan"))  # an epoch resumed at its end has no batch
         for users, items, clicks in loader:
             loss = nn.functional.binary_cross_entropy_with_logits(
                 trainer.model(users, items), clicks

@@ -28,6 +28,9 @@ def show_command(home: str | None, job: str, as_json: bool) -> None:
         click.echo(json.dumps(data, indent=2))
         return
     console = Console()
+    if data.get("kind", "train") != "train":
+        _show_service(console, data)
+        return
     alloc = data.get("allocation") or {}
     eta = data.get("eta_seconds")
     facts = Table.grid(padding=(0, 2))
@@ -52,12 +55,7 @@ def show_command(home: str | None, job: str, as_json: bool) -> None:
     ]:
         facts.add_row(f"[bold]{key}[/]", str(value))
     console.print(facts)
-    history = Table(title="allocation history", header_style="bold")
-    history.add_column("time")
-    history.add_column("replicas", justify="right")
-    for entry in data["history"]:
-        history.add_row(_clock(entry["time"]), str(entry["replicas"]))
-    console.print(history)
+    _history(console, data)
     profile = data.get("profile") or []
     if profile:
         table = Table(title="measured step times", header_style="bold")
@@ -68,3 +66,47 @@ def show_command(home: str | None, job: str, as_json: bool) -> None:
                           str(row["accum_steps"]), f"{row['step_time']:.4f}",
                           f"{row['sync_time']:.4f}", str(row["count"]))
         console.print(table)
+
+
+def _history(console: Console, data: dict) -> None:
+    history = Table(title="allocation history", header_style="bold")
+    history.add_column("time")
+    history.add_column("replicas", justify="right")
+    for entry in data["history"]:
+        history.add_row(_clock(entry["time"]), str(entry["replicas"]))
+    console.print(history)
+
+
+def _show_service(console: Console, data: dict) -> None:
+    """A serve / stream job: its service measurements instead of training progress."""
+    service = data.get("service") or {}
+    alloc = data.get("allocation") or {}
+
+    def number(key: str, pattern: str, scale: float = 1.0) -> str:
+        value = service.get(key)
+        return "-" if value is None else pattern.format(scale * value)
+
+    facts = Table.grid(padding=(0, 2))
+    rows = [
+        ("job", data["name"]),
+        ("kind", data["kind"]),
+        ("state", data["state"] + (f" ({data['failure']})" if data.get("failure") else "")),
+        ("model", data["application"]),
+        ("allocation", f"{alloc.get('replicas', 0)} x {alloc.get('device_type', '-')}"),
+        ("replicas ready", service.get("replicas", 0)),
+        ("URL", service.get("url") or "-"),
+        ("arrival rate", number("arrival_rate", "{:.2f} requests/s")),
+        ("requests answered", service.get("requests", 0)),
+        ("SLO", number("slo_s", "{:.0f} ms", 1000.0)),
+        ("SLO attainment", number("slo_attainment", "{:.2%}")),
+        ("p99 latency", number("p99_latency_s", "{:.0f} ms", 1000.0)),
+        ("resizes", data.get("resizes", 0)),
+        ("device-seconds", f"{data['device_seconds']:.0f}"),
+        ("submitted / started / ended",
+         f"{_clock(data['submit_time'])} / {_clock(data['start_time'])} / "
+         f"{_clock(data['finish_time'])}"),
+    ]
+    for key, value in rows:
+        facts.add_row(f"[bold]{key}[/]", str(value))
+    console.print(facts)
+    _history(console, data)

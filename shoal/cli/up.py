@@ -26,11 +26,26 @@ from shoal.service.launch import LaunchError, choose_port, running_url, start_ba
               help="SQLAlchemy URL of the store (default sqlite:///HOME/shoal.db).")
 @click.option("--checkpoint-interval", type=float, default=30.0, show_default=True,
               help="Seconds between periodic checkpoints of running jobs.")
+@click.option("--backend", type=click.Choice(["local", "ray"]), default="local",
+              show_default=True, help="Run jobs on this machine or on a Ray cluster.")
+@click.option("--address", default=None,
+              help="ray: the cluster to join, e.g. 10.0.0.1:6379 or auto (default: start a "
+                   "one-node cluster here).")
+@click.option("--checkpoint-dir", default=None,
+              help="ray: where jobs checkpoint; a path every node can read (default "
+                   "HOME/checkpoints).")
+@click.option("--host", default=None,
+              help="Interface the API listens on (default 127.0.0.1; 0.0.0.0 lets replicas "
+                   "on other machines report).")
 @click.option("--foreground", is_flag=True, help="Stay attached (Ctrl-C stops the service).")
 def up_command(home: str | None, port: int | None, policy: str, interval: float,
                device: str | None, slots: int | None, cores_per_slot: int | None,
-               db_url: str | None, checkpoint_interval: float, foreground: bool) -> None:
+               db_url: str | None, checkpoint_interval: float, backend: str,
+               address: str | None, checkpoint_dir: str | None, host: str | None,
+               foreground: bool) -> None:
     """Start the scheduler service (returns once its API answers)."""
+    if backend == "local" and (address or checkpoint_dir):
+        raise click.UsageError("--address and --checkpoint-dir apply to --backend ray")
     folder = shoal_home(home)
     url = running_url(folder)
     if url:
@@ -39,6 +54,10 @@ def up_command(home: str | None, port: int | None, policy: str, interval: float,
     options = {"policy": policy, "interval": interval, "device": device, "slots": slots,
                "cores_per_slot": cores_per_slot, "db_url": db_url,
                "checkpoint_interval": checkpoint_interval}
+    if backend != "local":
+        options.update(backend=backend, address=address, checkpoint_dir=checkpoint_dir)
+    if host:
+        options["host"] = host
     if foreground:
         from shoal.service.__main__ import main as serve_main
         from shoal.service.config import port_path

@@ -30,6 +30,19 @@ def _number(value: float | None, digits: int = 0) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def service_line(job: dict[str, Any]) -> str:
+    """A serve job's measurements in one line: requests/s, SLO attainment, p99 latency."""
+    service = job.get("service") or {}
+    rate = service.get("arrival_rate")
+    attainment = service.get("slo_attainment")
+    p99 = service.get("p99_latency_s")
+    parts = [f"{rate:.1f} req/s" if rate is not None else "- req/s",
+             f"SLO {attainment:.1%}" if attainment is not None else "SLO -"]
+    if p99 is not None:
+        parts.append(f"p99 {1000 * p99:.0f}ms")
+    return " ".join(parts)
+
+
 def jobs_table(jobs: list[dict[str, Any]], title: str | None = None) -> Table:
     table = Table(title=title, expand=False, header_style="bold")
     table.add_column("job", overflow="fold", min_width=12)
@@ -42,7 +55,16 @@ def jobs_table(jobs: list[dict[str, Any]], title: str | None = None) -> Table:
         progress = float(job.get("progress") or 0.0)
         filled = round(progress * 8)
         bar = "█" * filled + "░" * (8 - filled)
-        elapsed = job["jct"] if job.get("jct") is not None else now - job["submit_time"]
+        end = job["finish_time"] if job.get("finish_time") is not None else now
+        elapsed = job["jct"] if job.get("jct") is not None else end - job["submit_time"]
+        if job.get("kind", "train") != "train":  # a service: its measurements, no progress
+            table.add_row(
+                job["name"],
+                Text(job["state"], style=_STATE_STYLE.get(job["state"], "")),
+                str(alloc.get("replicas", 0)), "-", service_line(job), job["kind"], "-",
+                str(job.get("num_restarts", 0)), _seconds(elapsed), "-",
+            )
+            continue
         table.add_row(
             job["name"],
             Text(job["state"], style=_STATE_STYLE.get(job["state"], "")),

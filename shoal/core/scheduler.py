@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from shoal.core.demand import ServiceDemand, is_service
 from shoal.core.placement import place
 from shoal.core.state import Event, JobRecord
 from shoal.core.types import (
@@ -42,6 +43,8 @@ class Scheduler:
         self.records: dict[str, JobRecord] = {}
         self.events: list[Event] = []
         self.rounds: list[RoundStats] = []
+        self.demand = ServiceDemand()  # serve / stream jobs get their demand before training
+        self.last_decision: Decision = {}  # the latest round's grants, for explanations
 
     # ----- admission -----
     def submit(self, spec: JobSpec) -> JobRecord:
@@ -96,7 +99,7 @@ class Scheduler:
                     allocation=r.allocation,
                     hints=r.hints,
                     limits=r.limits,
-                    oracle=oracle_for(r.name) if oracle_for else None,
+                    oracle=oracle_for(r.name) if oracle_for and not is_service(r.spec) else None,
                 )
             )
         return views
@@ -108,6 +111,7 @@ class Scheduler:
             if record is None or not record.active:
                 continue
             record.device_seconds = status.device_seconds
+            self.demand.observe(record.spec, status)
             record.profiling_seconds = float(status.extra.get("profiling_seconds", 0.0))
             if status.hints is not None:
                 record.hints = status.hints
@@ -124,16 +128,18 @@ class Scheduler:
 
     def decide(self, views: list[JobView]) -> Decision:
         now = self.backend.now()
-        decision = self.policy.decide(views, self.backend.cluster(), now)
-        known = {v.name for v in views}
+        services = self.demand.plan(views, self.backend.cluster(), now)
+        decision = self.policy.decide(services.training, services.cluster, now) if (
+            services.training and services.cluster.nodes) else {}
+        known = {v.name for v in services.training}
         unknown = set(decision) - known
         if unknown:
             raise RuntimeError(f"policy {self.policy.name} granted unknown jobs {sorted(unknown)}")
-        return decision
+        return {**services.grants, **decision}
 
     def act(self, decision: Decision, views: Iterable[JobView]) -> list[Change]:
         now = self.backend.now()
-        current = {v.name: v.allocation for v in views if v.allocation is not None}
+        current = self.demand.kept(views)
         placed = place(decision, self.backend.cluster(), current)
         changes: list[Change] = []
         for view in views:
@@ -166,6 +172,7 @@ class Scheduler:
         views = self.active_views(now)
         started = time.perf_counter()
         decision = self.decide(views) if views else {}
+        self.last_decision = decision
         elapsed = time.perf_counter() - started
         changes = self.act(decision, views) if views else []
         allocated = sum(

@@ -17,8 +17,10 @@ The formulas are generalised to any activation element size ``e`` (``34 = 16e + 
 ``5 = 2e + m`` with mask size ``m``) so that a float32 CPU run can be compared exactly. The
 terms the per-layer formulas leave out are added separately: embedding dropout on the first
 stage, final norm, output layer and float32 logits on the last stage, layer-norm statistics,
-FSDP all-gather/reduce-scatter buffers, the backward transient (the float32 logits gradient, the
-layer being recomputed, one attention-score gradient) and the optimizer-step transient.
+FSDP all-gather/reduce-scatter buffers, the optimizer-step transient, and what backward adds:
+it is walked layer by layer (activations freed and gradients left by the layers done, the
+running layer's transient, the float32 logits gradients), so that gradients during backward and
+fractions of recomputed layers are counted where they occur.
 """
 
 from __future__ import annotations
@@ -235,8 +237,14 @@ def activation_bytes_per_microbatch(model: GPTConfig, cfg: ParallelConfig, first
     return total
 
 
-def _backward_transient(model: GPTConfig, cfg: ParallelConfig, last: bool) -> float:
-    """Extra memory at the worst moment of backward, on top of the saved activations."""
+def _layer_transients(model: GPTConfig, cfg: ParallelConfig) -> dict[str, float]:
+    """Extra memory while one layer's backward runs, on top of the activations still saved.
+
+    ``plain``: the gradient of the layer output and of the widest MLP tensor (``4h``) at the
+    start of the layer's backward, or one attention-score gradient once the MLP's saved tensors
+    are freed, whichever is larger; ``full``: the rebuilt layer on top of that; ``selective``:
+    the rebuilt attention core on top of that.
+    """
     s, b, h, a, t = model.seq, cfg.micro_batch, model.hidden, model.heads, cfg.tp
     e, m = cfg.precision.activation_bytes, cfg.precision.mask_bytes
     sp = t if cfg.sequence_parallel else 1
@@ -244,48 +252,118 @@ def _backward_transient(model: GPTConfig, cfg: ParallelConfig, last: bool) -> fl
     score = 0.0 if cfg.flash_attention else e * a * s * s * b / t
     # The MLP, projection and their masks are freed before the attention's backward runs.
     freed_before_attention = ((10 * e + 2) * sbh) / sp + e * sbh / t
-    candidates = [0.0]
-    if last:  # gradients of the float32 log-softmax output and of the logits
-        candidates.append(2 * LOGITS_BYTES * s * b * model.vocab / t)
+    start = e * sbh / sp + 4 * e * sbh / t
+    attention = score - freed_before_attention + e * sbh / sp
+    plain = max(start, attention)
+    rebuilt = _per_layer(model, cfg, b, "none") + 4 * NORM_STAT_BYTES * s * b / sp
+    rebuilt -= e * sbh / sp  # the layer input is the checkpoint already kept
+    core = 0.0 if cfg.flash_attention else (2 * e + m) * a * s * s * b / t
+    return {"plain": plain, "full": rebuilt + plain, "selective": core + plain}
+
+
+@dataclass(frozen=True, slots=True)
+class _BackwardEvent:
+    """One moment of backward on a stage: what activations hold then, and where backward is."""
+
+    activations: float  # saved activations still held plus the transient of this moment
+    done_layers: int  # layers whose backward has finished (their gradients exist)
+    in_layer: bool  # inside a layer's backward: its gradients and FSDP unit are live
+    has_prefetch: bool  # FSDP gathers the next layer (in backward order) meanwhile
+    output_grads: bool  # the output layer's (tied embedding's) gradients exist
+    layer_end: bool = False  # the layer's backward is complete: all its gradients, no activations
+
+
+def _backward_events(model: GPTConfig, cfg: ParallelConfig, first: bool, last: bool,
+                     per_microbatch: float, in_flight: float) -> tuple[_BackwardEvent, ...]:
+    """The moments of one micro-batch's backward at which the stage's memory can peak.
+
+    Backward runs through the layers from the last one: each finished layer frees its saved
+    activations and leaves its gradients. The recomputed layers are the first ones of the stage,
+    so their backward runs after all other layers'. Within a run of alike layers the memory
+    changes by the same amount per layer, so the run's ends bound it (the first layer of the
+    backward has no reduce-scatter in flight yet, the stage's first layer nothing to prefetch).
+    """
+    s, b, h, t = model.seq, cfg.micro_batch, model.hidden, cfg.tp
+    e, m = cfg.precision.activation_bytes, cfg.precision.mask_bytes
+    sp = t if cfg.sequence_parallel else 1
+    others = (in_flight - 1.0) * per_microbatch  # micro-batches waiting for their backward
+    norm_stats = 2 * 2 * NORM_STAT_BYTES * s * b / sp
+    saved = {"none": _per_layer(model, cfg, b, "none") + norm_stats}
+    if cfg.recompute != "none":
+        saved[cfg.recompute] = _per_layer(model, cfg, b, cfg.recompute)
+        if cfg.recompute != "full":
+            saved[cfg.recompute] += norm_stats
+    transient = _layer_transients(model, cfg)
     recomputed, plain = _layer_counts(model, cfg)
-    if plain:
-        candidates.append(score - freed_before_attention + e * sbh / sp)
-    if recomputed and cfg.recompute == "full":
-        rebuilt = _per_layer(model, cfg, b, "none") + 4 * NORM_STAT_BYTES * s * b / sp
-        rebuilt -= e * sbh / sp  # the layer input is the checkpoint already kept
-        candidates.append(rebuilt + e * sbh / sp)
-        candidates.append(rebuilt + score - freed_before_attention + e * sbh / sp)
-    if recomputed and cfg.recompute == "selective":
-        core = 0.0 if cfg.flash_attention else (2 * e + m) * a * s * s * b / t
-        candidates.append(core + score - freed_before_attention + e * sbh / sp)
-    return max(candidates)
+    layers = round(recomputed + plain)
+    n_recomputed = round(recomputed)
+    base = others + (m * s * b * h / sp if first else 0.0)  # embedding dropout mask
+    events = [_BackwardEvent(others + per_microbatch, 0, False, layers > 0, False)]
+    if last:  # the float32 log-softmax and logits gradients with every activation still held
+        events.append(_BackwardEvent(others + per_microbatch
+                                     + 2 * LOGITS_BYTES * s * b * model.vocab / t,
+                                     0, False, layers > 0, False))
+    candidates = {0, 1, layers - 2, layers - 1}  # the last one has no later unit to prefetch
+    if 0 < n_recomputed < layers:
+        done_plain = layers - n_recomputed
+        candidates |= {done_plain - 1, done_plain, done_plain + 1}
+    for done in sorted(d for d in candidates if 0 <= d < layers):
+        index = layers - 1 - done  # the layer whose backward runs
+        policy = cfg.recompute if index < n_recomputed else "none"
+        kept = min(index + 1, n_recomputed) * saved.get(cfg.recompute, 0.0)
+        kept += max(0, index + 1 - n_recomputed) * saved["none"]
+        key = "plain" if policy == "none" else policy
+        events.append(_BackwardEvent(base + kept + transient[key], done, True, index > 0,
+                                     last))
+        # When the layer's backward ends its activations are gone and the gradient of its input
+        # is left; all its gradients exist (under FSDP, unsharded and copied for reduce-scatter).
+        kept -= saved[cfg.recompute if index < n_recomputed else "none"]
+        events.append(_BackwardEvent(base + kept + e * s * b * h / sp, done, True, index > 0,
+                                     last, layer_end=True))
+    return tuple(events)
 
 
 def _optimizer_transient(model: GPTConfig, cfg: ParallelConfig, offload: bool) -> float:
-    """Adam's per-tensor temporaries (two float32 tensors of the largest parameter shard)."""
+    """Adam's per-tensor temporaries (two float32 tensors of the largest parameter shard).
+
+    ZeRO-1 and ZeRO-2 assign whole parameters to ranks (``ZeroRedundancyOptimizer``), so the
+    largest parameter is updated whole; ZeRO-3 (FSDP) shards every parameter.
+    """
     if offload:
         return 0.0
     largest = max(4 * model.hidden * model.hidden, model.vocab * model.hidden) / cfg.tp
-    if cfg.zero_stage >= 1:
+    if cfg.zero_stage >= 3:
         largest /= cfg.dp
     return 2 * 4 * largest
 
 
+def _layer_parameters(model: GPTConfig, cfg: ParallelConfig) -> float:
+    """Parameters of one transformer layer on one device (as ``_stage_parameters``)."""
+    h = model.hidden
+    return (12 * h * h + 7 * h) / cfg.tp + 6 * h
+
+
 def fsdp_unit_buffer_bytes(model: GPTConfig, cfg: ParallelConfig) -> float:
-    """ZeRO-3/FSDP: the gathered current and prefetched layer plus one unsharded gradient."""
+    """ZeRO-3/FSDP: the most unsharded memory at once in backward.
+
+    The gathered current and prefetched layer, the current layer's unsharded gradient, the
+    previous layer's reduce-scatter input and the root unit (embeddings and final norm), which
+    stays unsharded from forward to the end of backward.
+    """
     if cfg.zero_stage < 3 or cfg.dp == 1:
         return 0.0
-    unit = (12 * model.hidden**2 + 13 * model.hidden) / cfg.tp
-    unit = max(unit, model.vocab * model.hidden / cfg.tp)  # the embedding is a unit too
-    return unit * (2 * cfg.precision.param_bytes + cfg.precision.grad_bytes)
+    unit = _layer_parameters(model, cfg)
+    p, g = cfg.precision.param_bytes, cfg.precision.grad_bytes
+    root = _stage_parameters(model, cfg, True, cfg.pp == 1) - model.layers / cfg.pp * unit
+    return unit * (2 * p + 2 * g) + root * p
 
 
-_ACTIVATION_CACHE: dict[tuple, tuple[float, float]] = {}
+_ACTIVATION_CACHE: dict[tuple, tuple[float, tuple[_BackwardEvent, ...]]] = {}
 
 
 def _activation_side(model: GPTConfig, cfg: ParallelConfig, first: bool,
-                     last: bool) -> tuple[float, float]:
-    """(saved activations, backward transient) on one stage; independent of ZeRO and offload."""
+                     last: bool) -> tuple[float, tuple[_BackwardEvent, ...]]:
+    """(saved activations, backward moments) on one stage; independent of ZeRO and offload."""
     key = (model, cfg.tp, cfg.pp, cfg.virtual_stages, cfg.micro_batch, cfg.num_microbatches,
            cfg.recompute, cfg.recompute_fraction, cfg.sequence_parallel, cfg.flash_attention,
            cfg.precision, first, last)
@@ -295,10 +373,56 @@ def _activation_side(model: GPTConfig, cfg: ParallelConfig, first: bool,
             _ACTIVATION_CACHE.clear()
         in_flight = (in_flight_microbatches(cfg.pp, cfg.num_microbatches, cfg.virtual_stages)
                      if first else 1.0)
-        activations = in_flight * activation_bytes_per_microbatch(model, cfg, first, last)
-        cached = (activations, _backward_transient(model, cfg, last))
+        per_microbatch = activation_bytes_per_microbatch(model, cfg, first, last)
+        cached = (in_flight * per_microbatch,
+                  _backward_events(model, cfg, first, last, per_microbatch, in_flight))
         _ACTIVATION_CACHE[key] = cached
     return cached
+
+
+def _during_backward(model: GPTConfig, cfg: ParallelConfig, event: _BackwardEvent,
+                     stage_params: float, grads: float) -> tuple[float, float]:
+    """(activations + gradients, FSDP buffers) at one moment of backward on one stage.
+
+    Gradients exist in full from the start when an earlier micro-batch left them (accumulation,
+    pipelining) or when DDP keeps its gradient buckets between steps (ZeRO 0 and 1 with data
+    parallelism); otherwise only those of the layers done so far (partitioned under ZeRO-2 and
+    sharded under ZeRO-3), of the output layer and of the layer whose backward runs.
+    """
+    fsdp = cfg.zero_stage >= 3 and cfg.dp > 1
+    unit = _layer_parameters(model, cfg)
+    root = stage_params - model.layers / cfg.pp * unit
+    p, g = cfg.precision.param_bytes, cfg.precision.grad_bytes
+    shard = 1.0 / cfg.dp if cfg.zero_stage >= 2 else 1.0
+    persistent = (cfg.num_microbatches > 1 or cfg.pp > 1
+                  or (cfg.dp > 1 and cfg.zero_stage < 2))
+    # The layer's gradients while its backward runs: the largest weight gradient (an MLP
+    # matrix, produced first) at the start, all of them at the end.
+    largest = 4 * model.hidden**2 / cfg.tp * g
+    current = 0.0
+    if event.in_layer:
+        current = unit * g * (1.0 if fsdp else shard) if event.layer_end else largest
+    if persistent:
+        held = grads
+    else:
+        held = event.done_layers * unit * g * shard
+        if event.output_grads:  # FSDP's root keeps its gradients unsharded until the end
+            held += root * g * (1.0 if fsdp else shard)
+        if not fsdp:
+            held += current
+    if cfg.zero_stage == 2 and cfg.dp > 1 and event.in_layer and not event.layer_end:
+        # ZeRO-2 reduces each new gradient from a scaled copy before keeping or dropping it.
+        held += largest * (2 if persistent else 1)
+    buffers = 0.0
+    if fsdp:
+        buffers = root * p
+        units = (1 if event.in_layer else 0) + (1 if event.has_prefetch else 0)
+        buffers += units * unit * p + current
+        # A reduce-scatter input: the one the layer's gradients are copied into when its
+        # backward ends, else the previous layer's, still in flight.
+        if event.layer_end or (event.in_layer and event.done_layers > 0):
+            buffers += unit * g
+    return event.activations + held, buffers
 
 
 def plan_memory(model: GPTConfig, cfg: ParallelConfig) -> MemoryEstimate:
@@ -308,17 +432,21 @@ def plan_memory(model: GPTConfig, cfg: ParallelConfig) -> MemoryEstimate:
     for first, last in stages:
         params = _stage_parameters(model, cfg, first, last)
         states = model_state_bytes(params, cfg.zero_stage, cfg.dp, cfg.precision, cfg.offload)
-        activations, bwd = _activation_side(model, cfg, first, last)
-        buffers = fsdp_unit_buffer_bytes(model, cfg)
+        activations, events = _activation_side(model, cfg, first, last)
         opt = _optimizer_transient(model, cfg, cfg.offload)
-        # Gradients are present during backward only when an earlier micro-batch left them.
-        grads_in_backward = states.grads if (cfg.num_microbatches > 1 or cfg.pp > 1) else 0.0
-        during_backward = activations + bwd + grads_in_backward + buffers
+        during_backward, buffers = 0.0, 0.0
+        for event in events:
+            held, event_buffers = _during_backward(model, cfg, event, params, states.grads)
+            if held + event_buffers > during_backward:
+                during_backward, buffers = held + event_buffers, event_buffers
+        persistent = states.grads if (cfg.num_microbatches > 1 or cfg.pp > 1 or (
+            cfg.dp > 1 and cfg.zero_stage < 2)) else 0.0
         optimizer_step = states.grads + opt
         peak = states.params + states.optimizer + max(during_backward, optimizer_step)
         estimates.append(MemoryEstimate(
             params=states.params, grads=states.grads, optimizer=states.optimizer,
-            activations=activations, fsdp_buffers=buffers, backward_transient=bwd,
+            activations=activations, fsdp_buffers=buffers,
+            backward_transient=during_backward - activations - persistent - buffers,
             optimizer_transient=opt, host_bytes=states.host_optimizer, peak=peak,
         ))
     return max(estimates, key=lambda est: est.peak)

@@ -16,19 +16,25 @@ best cost decrease per device over every job and every larger replica count (loo
 capture the non-concavity that keeping an allocation avoids the restart penalty). Phase 2 keeps
 unchanged jobs on their nodes and packs the rest, multi-node jobs first, shrinking a job that
 no longer fits. Phase 3 hands out what is left, placement-aware.
+
+Jobs that declare their model (:mod:`shoal.perf.planned`) have goodput 0 wherever no parallel
+plan fits, so phase 1 never picks such a device count; phases 2 and 3 also skip placements
+whose device type or spread over nodes no plan fits, and a job's speedup base is its smallest
+fitting size when it fits on no fair share.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from shoal.core.types import ClusterState, Decision, Grant, JobView
 from shoal.perf.goodput import SpeedupFunction
+from shoal.perf.planned import PlacementCheck, placement_check
 
 _EPS = 1e-3
 
@@ -41,6 +47,11 @@ class _Job:
     fair_replicas: int
     factor: float
     current: dict[int, int]
+    # Jobs that declare a model: whether a plan fits a spread of devices of a type.
+    fits: PlacementCheck | None = None
+
+    def allows(self, device_type: str, per_node: Iterable[int]) -> bool:
+        return self.fits is None or self.fits(device_type, per_node)
 
     def raw_speedup(self, nodes: np.ndarray, replicas: np.ndarray) -> np.ndarray:
         if self.speedup is None:
@@ -62,6 +73,7 @@ class PolluxPolicy:
         # a job uses the model of the first type it knows (preferring ``dtype``).
         capacity = cluster.capacity()
         fair = math.ceil(capacity / max(len(views), 1))
+        per_node = max(n.capacity for n in cluster.nodes)
         out = []
         for view in views:
             profiled = max(view.hints.max_profiled_replicas.values(), default=0)
@@ -74,13 +86,18 @@ class PolluxPolicy:
                 base = float(model.optimize(1, fair).goodput)
                 if base <= 0:
                     base = float(model.optimize(1, 1).goodput)
+                if base <= 0:  # a large model that fits only on several devices
+                    r = np.arange(1, cap + 1)
+                    goodput = np.asarray(model.optimize(-(-r // per_node), r).goodput)
+                    base = float(goodput[goodput > 0][0]) if (goodput > 0).any() else 1.0
                 speedup = SpeedupFunction(model, base)
             age = view.age
             factor = max(age - view.num_restarts * self.restart_delay, 0.0) / (
                 age + self.restart_delay
             )
             current = view.allocation.per_node() if view.allocation else {}
-            out.append(_Job(view, cap, speedup, fair, factor, current))
+            out.append(_Job(view, cap, speedup, fair, factor, current,
+                            placement_check(view.hints.goodput)))
         return out
 
     def decide(self, jobs: Sequence[JobView], cluster: ClusterState, now: float) -> Decision:
@@ -211,7 +228,7 @@ class PolluxPolicy:
         for job, count in pending:
             name = job.view.name
             while count > 0:
-                alloc = self._fit(free, owner, count, per_node)
+                alloc = self._fit(job, free, owner, count, per_node)
                 if alloc is not None:
                     placed[name] = alloc
                     for n, c in alloc.items():
@@ -223,9 +240,10 @@ class PolluxPolicy:
         self._free, self._owner = free, owner
         return placed
 
-    def _fit(self, free, owner, count, per_node) -> dict[int, int] | None:
+    def _fit(self, job, free, owner, count, per_node) -> dict[int, int] | None:
         if count <= per_node:
-            fits = [n for n, f in free.items() if f >= count]
+            fits = [n for n, f in free.items()
+                    if f >= count and job.allows(self._type_of[n], (count,))]
             if fits:
                 best = min(fits, key=lambda n: (free[n], n))
                 return {best: count}
@@ -241,7 +259,9 @@ class PolluxPolicy:
                 alloc[n] = take
                 left -= take
                 if left == 0:
-                    return alloc
+                    break
+            if left == 0 and job.allows(dtype, alloc.values()):
+                return alloc
         return None
 
     # ----- phase 3: leftovers -----
@@ -274,6 +294,8 @@ class PolluxPolicy:
                         or any(owner.get(m, name) != name for m in grown)
                         or len({self._type_of[m] for m in grown}) > 1
                     ):
+                        continue
+                    if not job.allows(self._type_of[n], grown.values()):
                         continue
                     gain = old_cost - 1.0 / (value(job, grown) + _EPS)
                     if gain > 0 and (best is None or gain > best[0]):

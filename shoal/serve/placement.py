@@ -7,6 +7,11 @@ where it fits in memory and the simulated SLO attainment improves (groups tried 
 first; if no group helps, the model with the next most misses is tried); stop when nothing fits
 or attainment stops improving. Groups with the same shape and the same hosted models are
 interchangeable, so only one of each is tried.
+
+shoal's placement adds a refinement to that greedy (``refine``): where AlpaServe stops because
+no single added replica raises attainment, shoal also tries replacing a hosted replica by one
+of a model that misses requests, and dropping a replica that adds contention, and resumes
+adding after any move that helps. The selective-replication baseline is the plain greedy.
 """
 
 from __future__ import annotations
@@ -79,36 +84,57 @@ def _misses_by_model(problem: PlacementProblem, result: SimResult) -> np.ndarray
 
 
 def greedy_place(problem: PlacementProblem, groups: Sequence[GroupSpec],
-                 max_steps: int = 1000) -> tuple[Placement, float]:
-    """Greedy replica addition on fixed ``groups``; returns the placement and its attainment."""
+                 max_steps: int = 1000, refine: bool = False,
+                 refine_budget: int = 600) -> tuple[Placement, float]:
+    """Greedy replica addition on fixed ``groups``; returns the placement and its attainment.
+
+    With ``refine``, when no addition improves attainment the search does not stop: it tries
+    replacing a replica in a group by one of a model that misses requests, then dropping a
+    replica of a model that has others (less contention for the group), taking the first
+    move that improves simulated attainment and resuming additions after it. At most
+    ``refine_budget`` simulations are spent on such moves.
+    """
     hosted: list[list[int]] = [[] for _ in groups]
     attainment, result = problem.score([])
+    budget = [refine_budget]
     for _ in range(max_steps):
         if attainment >= problem.target_attainment:
             break
         misses = _misses_by_model(problem, result)
+        targets = [int(m) for m in np.argsort(-misses, kind="stable")[:4] if misses[m] > 0]
         step = None
-        for model in np.argsort(-misses, kind="stable")[:4]:
-            if misses[model] == 0:
-                break
-            step = _best_group_for(problem, groups, hosted, int(model), attainment)
+        for model in targets:
+            step = _best_group_for(problem, groups, hosted, model, attainment)
             if step is not None:
                 break
+        if step is None and refine:
+            step = _replace_step(problem, groups, hosted, targets, attainment, budget)
+            if step is None:
+                step = _drop_step(problem, groups, hosted, attainment, budget)
         if step is None:
             break
-        index, attainment, result, added = step
-        hosted[index].append(added)
+        index, attainment, result, models = step
+        hosted[index] = list(models)
     placement = [ReplicaGroup(g, tuple(h)) for g, h in zip(groups, hosted, strict=True) if h]
     return placement, attainment
+
+
+def _trial(groups: Sequence[GroupSpec], hosted: list[list[int]], index: int,
+           models: Sequence[int]) -> Placement:
+    return [ReplicaGroup(g, tuple(models) if i == index else tuple(h))
+            for i, (g, h) in enumerate(zip(groups, hosted, strict=True))]
+
+
+def _by_load(groups: Sequence[GroupSpec], hosted: list[list[int]]) -> list[int]:
+    return sorted(range(len(groups)),
+                  key=lambda i: (len(hosted[i]) / groups[i].size, -groups[i].size, i))
 
 
 def _best_group_for(problem, groups, hosted, model, current):
     """First improving group for ``model``, trying distinct group states least-loaded first
     (first-improvement keeps the search to about one simulation per added replica)."""
     seen: set[tuple] = set()
-    order = sorted(range(len(groups)),
-                   key=lambda i: (len(hosted[i]) / groups[i].size, -groups[i].size, i))
-    for index in order:
+    for index in _by_load(groups, hosted):
         spec = groups[index]
         if model in hosted[index]:
             continue
@@ -116,11 +142,70 @@ def _best_group_for(problem, groups, hosted, model, current):
         if key in seen or not _fits(problem, spec, [*hosted[index], model]):
             continue
         seen.add(key)
-        trial = [ReplicaGroup(g, tuple(h) + ((model,) if i == index else ()))
-                 for i, (g, h) in enumerate(zip(groups, hosted, strict=True))]
-        attainment, result = problem.score(trial)
+        models = [*hosted[index], model]
+        attainment, result = problem.score(_trial(groups, hosted, index, models))
         if attainment > current + 1e-9:
-            return index, attainment, result, model
+            return index, attainment, result, models
+    return None
+
+
+def _replicas(hosted: list[list[int]]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for models in hosted:
+        for m in models:
+            counts[m] = counts.get(m, 0) + 1
+    return counts
+
+
+def _replace_step(problem, groups, hosted, targets, current, budget):
+    """First improving swap of a hosted replica (of a model with other replicas) for a replica
+    of a model in ``targets`` (most misses first), distinct group states tried once."""
+    counts = _replicas(hosted)
+    for model in targets:
+        seen: set[tuple] = set()
+        for index in _by_load(groups, hosted):
+            spec = groups[index]
+            if model in hosted[index] or not hosted[index]:
+                continue
+            key = (spec.shape, tuple(sorted(hosted[index])))
+            if key in seen:
+                continue
+            seen.add(key)
+            for old in hosted[index]:
+                if counts[old] < 2 or old in targets[:targets.index(model)]:
+                    continue
+                models = [model if m == old else m for m in hosted[index]]
+                if not _fits(problem, spec, models):
+                    continue
+                if budget[0] <= 0:
+                    return None
+                budget[0] -= 1
+                attainment, result = problem.score(_trial(groups, hosted, index, models))
+                if attainment > current + 1e-9:
+                    return index, attainment, result, models
+    return None
+
+
+def _drop_step(problem, groups, hosted, current, budget):
+    """First improving removal of a replica of a model that keeps at least one other."""
+    counts = _replicas(hosted)
+    seen: set[tuple] = set()
+    for index in reversed(_by_load(groups, hosted)):  # most loaded groups first
+        spec = groups[index]
+        key = (spec.shape, tuple(sorted(hosted[index])))
+        if key in seen:
+            continue
+        seen.add(key)
+        for old in hosted[index]:
+            if counts[old] < 2:
+                continue
+            if budget[0] <= 0:
+                return None
+            budget[0] -= 1
+            models = [m for m in hosted[index] if m != old]
+            attainment, result = problem.score(_trial(groups, hosted, index, models))
+            if attainment > current + 1e-9:
+                return index, attainment, result, models
     return None
 
 
@@ -159,13 +244,15 @@ def _better(a: PlacementChoice, b: PlacementChoice | None) -> bool:
 
 def alpaserve_place(problem: PlacementProblem, sizes: Sequence[int] = (1, 2, 4, 8),
                     screen_keep_every: int = 1, finalists: int = 2,
-                    screen_window_s: float = 30.0) -> PlacementChoice:
+                    screen_window_s: float = 30.0, refine: bool = True) -> PlacementChoice:
     """Best greedy placement over group sizes and (pp, tp) splits. Ties in attainment go to
     the placement using fewer devices.
 
     With ``screen_keep_every > 1`` every candidate partition is first searched on a window
     sample of the workload (1 window in ``screen_keep_every``) and only the ``finalists`` best
     are searched on the full workload; this cuts search time roughly by that factor.
+    ``refine`` adds the replace / drop moves of :func:`greedy_place` to the full-workload
+    search of the finalists (screening stays additions only).
     """
     candidates = candidate_partitions(problem.cluster, sizes)
     if not candidates:
@@ -182,7 +269,7 @@ def alpaserve_place(problem: PlacementProblem, sizes: Sequence[int] = (1, 2, 4, 
         candidates = [c for _, c in scored[:finalists]]
     best: PlacementChoice | None = None
     for size, pp, tp, groups in candidates:
-        placement, attainment = greedy_place(problem, groups)
+        placement, attainment = greedy_place(problem, groups, refine=refine)
         choice = PlacementChoice(placement, attainment, size, pp, tp)
         if _better(choice, best):
             best = choice
@@ -190,6 +277,6 @@ def alpaserve_place(problem: PlacementProblem, sizes: Sequence[int] = (1, 2, 4, 
     return best
 
 
-def selective_replication(problem: PlacementProblem) -> PlacementChoice:
+def selective_replication(problem: PlacementProblem, refine: bool = False) -> PlacementChoice:
     """Baseline: every device is its own group; whole models are replicated onto devices."""
-    return alpaserve_place(problem, sizes=(1,))
+    return alpaserve_place(problem, sizes=(1,), refine=refine)

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 from types import FrameType
 
 import uvicorn
@@ -31,6 +32,10 @@ def parse_args(argv: list[str]) -> ServiceConfig:
     parser.add_argument("--backoff", type=float, default=2.0)
     parser.add_argument("--checkpoint-interval", type=float, default=30.0)
     parser.add_argument("--restart-delay", type=float, default=10.0)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--backend", choices=["local", "ray"], default="local")
+    parser.add_argument("--address", default=None)
+    parser.add_argument("--checkpoint-dir", default=None)
     args = parser.parse_args(argv)
     return ServiceConfig(
         home=shoal_home(args.home),
@@ -45,6 +50,11 @@ def parse_args(argv: list[str]) -> ServiceConfig:
         backoff_s=args.backoff,
         checkpoint_interval_s=args.checkpoint_interval,
         restart_delay_s=args.restart_delay,
+        host=args.host,
+        backend=args.backend,
+        ray_address=args.address,
+        checkpoint_dir=Path(args.checkpoint_dir).expanduser().resolve()
+        if args.checkpoint_dir else None,
     )
 
 

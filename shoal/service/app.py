@@ -7,14 +7,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from fastapi.staticfiles import StaticFiles
 
 from shoal import __version__
 from shoal.service.runner import DuplicateJob, Runner
 from shoal.spec.errors import SpecError
 from shoal.spec.job import load_job_yaml, parse_job
+
+STATIC = Path(__file__).resolve().parent / "static"  # the dashboard's page, script, style
 
 
 def _spec_error(exc: SpecError, status: int = 422) -> JSONResponse:
@@ -119,8 +122,10 @@ def create_app(runner: Runner) -> FastAPI:
         return runner.cluster()
 
     @app.get("/api/events")
-    def events(job: str | None = None, after: int = 0) -> list[dict[str, Any]]:
-        return runner.events(job, after)
+    def events(job: str | None = None, after: int = 0,
+               last: int | None = Query(None, ge=1, le=1000)) -> list[dict[str, Any]]:
+        """Events after id ``after``, oldest first; ``last=N``: only the newest N of them."""
+        return runner.events(job, after, last)
 
     @app.get("/api/spec-example", response_class=PlainTextResponse)
     def spec_example() -> str:
@@ -130,4 +135,11 @@ def create_app(runner: Runner) -> FastAPI:
             sort_keys=False,
         )
 
+    @app.get("/", include_in_schema=False)
+    @app.get("/dashboard", include_in_schema=False)
+    def dashboard() -> FileResponse:
+        """The web dashboard: a static page that polls this API (docs/service.md)."""
+        return FileResponse(STATIC / "dashboard.html", media_type="text/html")
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app

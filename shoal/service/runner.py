@@ -3,11 +3,20 @@
 HTTP handlers and the round loop both call into :class:`Runner`; every call takes the lock,
 so the core sees one caller at a time. Each round persists what changed; a restarted service
 rebuilds its records from the store and re-adopts the replicas that outlived the old one.
+
+Serve jobs (``kind: serve``, the built-in model on the local backend) need no ``command``: the
+backend runs model servers and a router for them. Their records carry service metrics
+(``service``: replicas, arrival rate, SLO attainment, p99 latency, URL) instead of training
+progress, and no JCT: a service's lifetime is not a completion time. They keep no state, so a
+restarted service starts them afresh (and stops processes the old one left behind).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -16,12 +25,14 @@ from typing import Any
 from shoal.backends.local.backend import LocalBackend
 from shoal.backends.local.devices import detect_pool
 from shoal.backends.local.job import LocalJob, Phase, RunSettings
+from shoal.backends.local.services import LocalServeJob, check_local_service
 from shoal.core.scheduler import Scheduler
 from shoal.core.state import JobRecord
-from shoal.core.types import TERMINAL_STATES, Allocation, JobState
+from shoal.core.types import TERMINAL_STATES, Allocation, Change, JobState
 from shoal.perf.efficiency import efficiency
 from shoal.policy.registry import make_policy
 from shoal.service.config import ServiceConfig
+from shoal.service.explain import DecisionLog
 from shoal.service.store import Store
 from shoal.spec.errors import SpecError
 from shoal.spec.job import JobSpec
@@ -41,6 +52,17 @@ def _alloc_from(data: list[Any] | None) -> Allocation | None:
     return None if not data else Allocation(str(data[0]), tuple(int(n) for n in data[1]))
 
 
+def job_workdir(spec: JobSpec, submitted_from: Path) -> Path:
+    """Where the job's command runs: ``spec.workdir`` (relative to ``submitted_from``) or
+    ``submitted_from`` itself; a SpecError naming ``workdir`` when it is not a directory."""
+    if spec.workdir is None:
+        return submitted_from
+    folder = (submitted_from / Path(spec.workdir).expanduser()).resolve()
+    if not folder.is_dir():
+        raise SpecError(f"workdir {folder} is not a directory", field="workdir")
+    return folder
+
+
 class Runner:
     def __init__(self, config: ServiceConfig):
         self.config = config
@@ -57,7 +79,14 @@ class Runner:
             checkpoint_interval_s=config.checkpoint_interval_s,
             scheduler_url=config.url,
         )
-        self.backend = LocalBackend(settings)
+        if config.backend == "ray":
+            from shoal.backends.ray.backend import RayBackend
+            from shoal.backends.ray.job import RaySettings
+
+            settings = RaySettings(**vars(settings), checkpoint_root=config.checkpoint_dir)
+            self.backend = RayBackend(settings, config.ray_address)
+        else:
+            self.backend = LocalBackend(settings)
         policy = make_policy(config.policy)
         if hasattr(policy, "restart_delay"):
             policy.restart_delay = config.restart_delay_s
@@ -66,6 +95,7 @@ class Runner:
         self.seq: dict[str, int] = {}
         self._saved_events = 0
         self._saved_terminal: set[str] = set()
+        self.decisions = DecisionLog()  # why each job holds what it holds
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.started_at = time.time()
@@ -92,6 +122,9 @@ class Runner:
             if not record.active:
                 self._saved_terminal.add(spec.name)
                 continue
+            if spec.kind != "train":
+                self._recover_service(record, row.summary or {})
+                continue
             limits = self.backend.base_limits(spec)
             job = self.backend.adopt(spec, Path(row.workdir), limits)
             record.limits = job.limits
@@ -103,12 +136,39 @@ class Runner:
                 record.state = JobState.PENDING
             log.info("recovered %s as %s (%s)", spec.name, record.state, job.phase)
 
+    def _recover_service(self, record: JobRecord, summary: dict[str, Any]) -> None:
+        """A service starts afresh: stop what the old service left running, admit it again."""
+        for pid in (summary.get("service") or {}).get("pids") or []:
+            _stop_leftover(int(pid))
+        record.allocation = None
+        try:
+            record.limits = self.backend.admit(record.spec)
+        except SpecError as exc:  # e.g. restarted on a machine of another device type
+            now = self.backend.now()
+            record.failure, record.finish_time = f"rejected after restart: {exc}", now
+            record.transition(JobState.FAILED, now, self.scheduler.events, record.failure)
+            return
+        if record.state != JobState.PENDING:
+            record.transition(JobState.PENDING, self.backend.now(), self.scheduler.events,
+                              "service restarted")
+        log.info("recovered service %s as pending", record.name)
+
     # ----- user actions -----
     def validate(self, spec: JobSpec) -> None:
         if spec.name in self.scheduler.records:
             raise DuplicateJob(
                 f"a job named '{spec.name}' already exists; choose another name", field="name"
             )
+        if spec.kind != "train":
+            if not isinstance(self.backend, LocalBackend):
+                raise SpecError(f"this service's backend runs training jobs; a {spec.kind} job "
+                                "runs on the local backend (shoal up --backend local)",
+                                field="kind")
+            if spec.command:
+                raise SpecError(f"a {spec.kind} job runs the built-in model server, not a "
+                                "program: remove command", field="command")
+            check_local_service(spec, self.pool.device_type)
+            return
         if not spec.command:
             raise SpecError(
                 "the local backend runs a program: add e.g. command: [\"python\", \"train.py\"]",
@@ -118,9 +178,10 @@ class Runner:
     def submit(self, spec: JobSpec, workdir: Path | None = None) -> dict[str, Any]:
         with self.lock:
             self.validate(spec)
+            folder = job_workdir(spec, Path(workdir or Path.cwd()))
             now = self.backend.now()
             spec = spec.model_copy(update={"submit_time": now})
-            self.backend.pending_workdir = Path(workdir or Path.cwd())
+            self.backend.pending_workdir = folder
             self.workdirs[spec.name] = self.backend.pending_workdir
             self.seq[spec.name] = max(self.seq.values(), default=-1) + 1
             record = self.scheduler.submit(spec)
@@ -144,12 +205,37 @@ class Runner:
     # ----- the loop -----
     def round(self) -> None:
         with self.lock:
+            self._drop_lost_nodes()
             for name, limits in self.backend.learned_limits().items():
                 record = self.scheduler.records.get(name)
                 if record is not None and record.active:
                     record.limits = limits
             self.scheduler.round()
+            try:
+                self.decisions.note(self.scheduler, self.backend.now())
+            except Exception:  # an explanation never stops a round from being saved
+                log.exception("explaining the round failed")
             self._persist()
+
+    def _drop_lost_nodes(self) -> None:
+        """Re-read a changing cluster (Ray); jobs on nodes that left lose their allocation and
+        stop, and the round places them again on what is left (they resume from checkpoints)."""
+        refresh = getattr(self.backend, "refresh", None)
+        if refresh is None:
+            return
+        alive = {n.node_id for n in refresh().nodes}
+        now = self.backend.now()
+        lost = []
+        for record in self.scheduler.records.values():
+            alloc = record.allocation
+            if record.active and alloc is not None and not set(alloc.nodes) <= alive:
+                record.allocation = None
+                record.history.append((now, None))
+                record.transition(JobState.PENDING, now, self.scheduler.events, "node lost")
+                lost.append(Change(record.name, None))
+        if lost:
+            log.warning("nodes left the cluster; re-placing %s", [c.job for c in lost])
+            self.backend.apply(lost)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="shoal-rounds", daemon=True)
@@ -161,7 +247,23 @@ class Runner:
                 self.round()
             except Exception:  # keep scheduling; the traceback is in the service log
                 log.exception("scheduling round failed")
-            self._stop.wait(self.config.interval_s)
+            self._between_rounds(time.monotonic() + self.config.interval_s)
+
+    def _between_rounds(self, next_round: float, every_s: float = 0.1) -> None:
+        """Until the next round, let the backend move resizes along (process exits, warm
+        replicas) every ``every_s`` seconds, so a resize does not wait for a round."""
+        poll = getattr(self.backend, "poll", None)
+        while not self._stop.is_set():
+            left = next_round - time.monotonic()
+            if left <= 0:
+                return
+            self._stop.wait(min(every_s, left))
+            if poll is not None:
+                try:
+                    with self.lock:
+                        poll()
+                except Exception:
+                    log.exception("polling the backend failed")
 
     def shutdown(self, timeout_s: float = 60.0) -> None:
         """Stop the loop, checkpoint every running job (they resume at the next start)."""
@@ -180,6 +282,9 @@ class Runner:
                                           self.scheduler.events, "service stopped")
             self._persist()
             self.store.close()
+            close = getattr(self.backend, "close", None)
+            if close is not None:
+                close()
 
     # ----- persistence -----
     def _persist(self) -> None:
@@ -218,13 +323,21 @@ class Runner:
         }
 
     # ----- views -----
+    def _service(self, name: str) -> LocalServeJob | None:
+        return getattr(self.backend, "services", {}).get(name)
+
     def _job_summary(self, record: JobRecord, job: LocalJob | None) -> dict[str, Any]:
+        service = self._service(record.name)
+        if service is not None:
+            return {"service": _service_metrics(service), "resizes": service.resizes,
+                    "crashes": service.crashes}
         if job is None:
             return self._stored(record)
         summary = job.model.summary()
         summary.update(
             resizes=job.resizes,
             runs=[{"time": t, "replicas": n} for t, n in job.runs],
+            run_details=list(getattr(job, "run_details", [])),
             phase=str(job.phase),
             crashes=job.crashes,
             attempt=job.attempt,
@@ -250,19 +363,22 @@ class Runner:
 
     def describe(self, record: JobRecord, stored: dict[str, Any] | None = None) -> dict[str, Any]:
         job = self.backend.jobs.get(record.name)
-        summary = stored if job is None and stored is not None else self._job_summary(record, job)
+        live = job is not None or self._service(record.name) is not None
+        summary = stored if not live and stored is not None else self._job_summary(record, job)
         alloc = record.allocation
         end = record.finish_time
+        service = record.spec.kind != "train"
         return {
             **{k: v for k, v in summary.items() if k != "batch_size"},
             "name": record.name,
+            "kind": record.spec.kind,
             "state": str(record.state),
             "tenant": record.spec.tenant,
             "application": record.spec.application,
             "submit_time": record.spec.submit_time,
             "start_time": record.start_time,
             "finish_time": end,
-            "jct": None if end is None else end - record.spec.submit_time,
+            "jct": None if end is None or service else end - record.spec.submit_time,
             "failure": record.failure,
             "allocation": None if alloc is None else {
                 "device_type": alloc.device_type, "replicas": alloc.num_replicas,
@@ -278,6 +394,7 @@ class Runner:
             "device_seconds": record.device_seconds,
             "workdir": str(self.workdirs.get(record.name, "")),
             "spec": record.spec.model_dump(mode="json"),
+            "decision": self.decisions.latest.get(record.name),
         }
 
     def jobs(self) -> list[dict[str, Any]]:
@@ -302,21 +419,24 @@ class Runner:
                  "used": len(used.get(n.node_id, [])), "jobs": used.get(n.node_id, [])}
                 for n in self.backend.cluster().nodes
             ]
+            pool = self.backend.pool
             return {
-                "pool": self.pool.describe(),
-                "device_type": self.pool.device_type,
-                "threads_per_slot": self.pool.threads_per_slot,
+                "pool": pool.describe(),
+                "device_type": pool.device_type,
+                "threads_per_slot": pool.threads_per_slot,
                 "nodes": nodes,
                 "policy": self.scheduler.policy.name,
                 "interval_s": self.config.interval_s,
+                "restart_delay_s": getattr(self.scheduler.policy, "restart_delay", None),
                 "rounds": len(self.scheduler.rounds),
             }
 
-    def events(self, job: str | None, after_id: int) -> list[dict[str, Any]]:
+    def events(self, job: str | None, after_id: int,
+               last: int | None = None) -> list[dict[str, Any]]:
         with self.lock:
             return [
                 {"id": e.id, "time": e.time, "job": e.job, "kind": e.kind, "detail": e.detail}
-                for e in self.store.events(job, after_id)
+                for e in self.store.events(job, after_id, last=last)
             ]
 
     def log_path(self, name: str, rank: int) -> Path:
@@ -324,3 +444,33 @@ class Runner:
             if name not in self.scheduler.records:
                 raise KeyError(name)
         return self.config.home / "logs" / name / f"rank{rank}.log"
+
+
+def _service_metrics(service: LocalServeJob) -> dict[str, Any]:
+    """What ``shoal show`` / ``ls`` and the API report for a serve job (from its last round)."""
+    metrics = service.metrics
+    return {
+        "kind": service.spec.kind,
+        "url": service.url,
+        "replicas": len(service.ready) if not service.terminal else 0,
+        "arrival_rate": metrics.get("arrival_rate"),
+        "requests": metrics.get("requests", 0),
+        "slo_s": service.spec.serve.slo_s if service.spec.serve is not None else None,
+        "slo_attainment": metrics.get("slo_attainment"),
+        "p99_latency_s": metrics.get("p99_latency_s"),
+        "device_seconds": service.device_seconds,
+        "pids": service.pids,
+    }
+
+
+def _stop_leftover(pid: int) -> None:
+    """SIGTERM a model server or router a killed service left behind (checked by command line,
+    so a recycled pid is left alone)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return
+    if b"shoal.serve." in cmdline:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+            log.info("stopped process %d left by the previous service", pid)

@@ -85,12 +85,18 @@ class Store:
             return list(session.scalars(select(JobRow).order_by(JobRow.seq)))
 
     def events(
-        self, job: str | None = None, after_id: int = 0, limit: int = 1000
+        self, job: str | None = None, after_id: int = 0, limit: int = 1000,
+        last: int | None = None,
     ) -> list[EventRow]:
+        """Events after ``after_id`` in order, at most ``limit``; with ``last``, only the
+        newest ``last`` of them (still oldest first)."""
         with Session(self.engine, expire_on_commit=False) as session:
             query = select(EventRow).where(EventRow.id > after_id)
             if job is not None:
                 query = query.where(EventRow.job == job)
+            if last is not None:
+                newest = session.scalars(query.order_by(EventRow.id.desc()).limit(last))
+                return list(reversed(list(newest)))
             return list(session.scalars(query.order_by(EventRow.id).limit(limit)))
 
 

@@ -9,9 +9,13 @@
             trainer.backward(loss_fn(trainer.model(x), y))
             trainer.step()
 
+A parallel plan (recomputation, FSDP / ZeRO sharding, micro-batching) is applied with
+``apply_plan(model, get_plan(default=...))``; see docs/parallelism.md ("Applying a plan").
+
 See docs/training.md for the environment contract and the resize protocol.
 """
 
+from shoal.train.apply import AppliedPlan, TrainingPlan, apply_plan, get_plan
 from shoal.train.context import EXIT_CHECKPOINTED, Context, current, init, log, shutdown
 from shoal.train.data import ElasticDataLoader
 from shoal.train.env import TrainEnv, TrainEnvError
@@ -20,13 +24,17 @@ from shoal.train.trainer import ElasticTrainer
 
 __all__ = [
     "EXIT_CHECKPOINTED",
+    "AppliedPlan",
     "Context",
     "ElasticDataLoader",
     "ElasticTrainer",
     "TrainEnv",
     "TrainEnvError",
+    "TrainingPlan",
+    "apply_plan",
     "current",
     "epochs",
+    "get_plan",
     "init",
     "log",
     "shutdown",

@@ -14,7 +14,8 @@ import torch.distributed as dist
 from shoal.train.checkpoint import CheckpointStore
 from shoal.train.env import TrainEnv
 from shoal.train.report import Reporter
-from shoal.train.signals import ResizeSignal
+from shoal.train.signals import ResizeSignal, freeze_heap_at_exit
+from shoal.train.standby import await_go
 
 if TYPE_CHECKING:
     from shoal.train.data import ElasticDataLoader
@@ -97,6 +98,13 @@ def init(
     env = env or TrainEnv.from_environ()
     if env.checkpoint_interval_s is not None:
         checkpoint_interval_s = env.checkpoint_interval_s
+    # Before the rendezvous, which may wait for peers for a long time: a resize request that
+    # arrives meanwhile is remembered and honoured at the first step boundary, not lost to
+    # SIGTERM's default action.
+    resize = ResizeSignal(env.checkpoint_dir)
+    freeze_heap_at_exit()
+    if env.standby_file is not None:
+        await_go(env.standby_file, env.rank, resize, EXIT_CHECKPOINTED)
     use_cuda = torch.cuda.is_available()
     device = torch.device("cpu")
     if use_cuda:
@@ -105,18 +113,22 @@ def init(
     if env.distributed and not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", env.master_addr)
         os.environ.setdefault("MASTER_PORT", str(env.master_port))
-        dist.init_process_group(
-            backend="nccl" if use_cuda else "gloo",
-            init_method="env://",
-            rank=env.rank,
-            world_size=env.world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
+        try:
+            dist.init_process_group(
+                backend="nccl" if use_cuda else "gloo",
+                init_method="env://",
+                rank=env.rank,
+                world_size=env.world_size,
+                timeout=datetime.timedelta(seconds=timeout_s),
+            )
+        except BaseException:
+            resize.restore()
+            raise
     store = CheckpointStore(env.checkpoint_dir, env.rank)
     ctx = Context(
         env=env,
         checkpoint=store,
-        resize=ResizeSignal(env.checkpoint_dir),
+        resize=resize,
         reporter=Reporter(env.scheduler_url if env.rank == 0 else None, env.job),
         device=device,
         checkpoint_interval_s=checkpoint_interval_s,

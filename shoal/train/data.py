@@ -16,15 +16,23 @@ from shoal.train.context import current
 log = logging.getLogger("shoal.train")
 
 
+def _smallest(first: int | None, second: int | None, default: int | None) -> int | None:
+    """The smaller of two optional upper bounds, ``default`` when neither is set."""
+    bounds = [b for b in (first, second) if b is not None]
+    return min(bounds) if bounds else default
+
+
 class ElasticDataLoader:
     """Yields this rank's micro-batches of each global batch of the current epoch.
 
     ``batch_size`` is the user's (initial) global batch size; the scheduler may choose any
     global size in ``[batch_size, max_batch_size]`` through ``SHOAL_BATCH_SIZE`` at start or a
-    report answer while running. ``max_local_bsz`` (or ``SHOAL_MAX_LOCAL_BSZ``, whichever is
-    smaller) bounds one micro-batch; larger per-rank shares are split into accumulation
-    micro-steps. With one replica, every ``stats_split_every``-th step is split into two
-    micro-steps so the gradient noise scale can be measured (0 turns this off).
+    report answer while running. ``max_batch_size`` and ``SHOAL_MAX_BATCH_SIZE`` (the job
+    spec's bound) are both upper bounds, the smaller wins; with neither the batch size is fixed.
+    ``max_local_bsz`` (or ``SHOAL_MAX_LOCAL_BSZ``, whichever is smaller) bounds one
+    micro-batch; larger per-rank shares are split into accumulation micro-steps. With one
+    replica, every ``stats_split_every``-th step is split into two micro-steps so the gradient
+    noise scale can be measured (0 turns this off).
     """
 
     def __init__(
@@ -42,12 +50,18 @@ class ElasticDataLoader:
         ctx = current()
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be at least 1")
-        max_batch_size = batch_size if max_batch_size is None else max_batch_size
-        if max_batch_size < batch_size:
+        if max_batch_size is not None and max_batch_size < batch_size:
             raise ValueError(
                 f"max_batch_size={max_batch_size} is below batch_size={batch_size}; "
                 "raise max_batch_size or leave it unset for a fixed batch size"
             )
+        max_batch_size = _smallest(max_batch_size, ctx.env.max_batch_size, batch_size)
+        if max_batch_size < batch_size:
+            log.warning(
+                "shoal: SHOAL_MAX_BATCH_SIZE=%d is below the script's batch size %d; "
+                "the batch size stays at %d", max_batch_size, batch_size, batch_size,
+            )
+            max_batch_size = batch_size
         if max_local_bsz is not None and max_local_bsz < 1:
             raise ValueError(f"max_local_bsz={max_local_bsz} must be at least 1")
         self.dataset = dataset
@@ -56,8 +70,7 @@ class ElasticDataLoader:
             raise ValueError("the dataset is empty")
         self.init_batch_size = batch_size
         self.max_batch_size = max_batch_size
-        bounds = [b for b in (max_local_bsz, ctx.env.max_local_bsz) if b is not None]
-        self.max_local_bsz = min(bounds) if bounds else None
+        self.max_local_bsz = _smallest(max_local_bsz, ctx.env.max_local_bsz, None)
         self.shuffle = shuffle
         self.seed = seed
         self.collate_fn = collate_fn

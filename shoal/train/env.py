@@ -57,8 +57,10 @@ class TrainEnv:
     checkpoint_dir: Path | None = None
     scheduler_url: str | None = None
     batch_size: int | None = None
+    max_batch_size: int | None = None
     max_local_bsz: int | None = None
     checkpoint_interval_s: float | None = None
+    standby_file: Path | None = None
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str] | None = None) -> TrainEnv:
@@ -85,8 +87,10 @@ class TrainEnv:
             checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir else None,
             scheduler_url=url,
             batch_size=_int(env, "SHOAL_BATCH_SIZE", None, 1),
+            max_batch_size=_int(env, "SHOAL_MAX_BATCH_SIZE", None, 1),
             max_local_bsz=_int(env, "SHOAL_MAX_LOCAL_BSZ", None, 1),
             checkpoint_interval_s=_float(env, "SHOAL_CHECKPOINT_INTERVAL"),
+            standby_file=Path(env["SHOAL_STANDBY_FILE"]) if env.get("SHOAL_STANDBY_FILE") else None,
         )
 
     @property

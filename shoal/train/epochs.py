@@ -18,5 +18,7 @@ def epochs(num_epochs: int) -> Iterator[int]:
     ctx = current()
     while ctx.epochs.epoch < num_epochs:
         yield ctx.epochs.epoch
+        if ctx.trainer is not None:
+            ctx.trainer.epoch_done(ctx.epochs.epoch)
         ctx.epochs.epoch += 1
     ctx.finish()

@@ -5,7 +5,8 @@ projection, a 4h GELU MLP, dropout after attention probabilities, attention outp
 output layer and a float32 cross-entropy), with dropout through ``torch.native_dropout`` so every
 mask is one byte as the formulas assume. Full recomputation (``torch.utils.checkpoint``) is
 switched on per layer through ``full_recompute`` and selective recomputation of the attention core
-through ``Block.selective``. Applying a whole plan (FSDP, accumulation) is not implemented yet.
+through ``Block.selective``. ``shoal.train.apply.apply_plan`` applies a whole plan (recomputation,
+FSDP / ZeRO sharding, micro-batching with accumulation) to this or any other model.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ mean loss is scaled by its share of the global batch and a DDP communication hoo
 buckets. The same hook reads each replica's local gradient norm before the all-reduce and the
 global one after it, which is all the gradient-noise-scale estimate needs (no extra pass over
 the model). Flags that must agree on every rank (checkpoint-and-exit, periodic checkpoint, a new
-batch size) travel in one small all-reduce per step, issued asynchronously and read one step
-later, so it never waits on the critical path.
+batch size) travel in one small all-reduce every ``control_every`` steps, issued asynchronously
+and read at the next such step, so it never waits on the critical path. With several replicas
+the noise is measured on those steps only (it costs two passes over the gradients).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from shoal.train.context import EXIT_CHECKPOINTED, current
 from shoal.train.gns import NoiseScaleEstimator
 from shoal.train.profile import StepProfile
 from shoal.train.scaling import adascale_gain, lr_factor, resolve_rule
+from shoal.train.signals import end_quickly_at_exit
 
 log = logging.getLogger("shoal.train")
 
@@ -58,8 +60,12 @@ class ElasticTrainer:
         find_unused_parameters: bool = False,
         measure_noise: bool = True,
         noise_smoothing: float = 0.9,
+        control_every: int = 4,
     ) -> None:
         ctx = current()
+        if control_every < 1:
+            raise ValueError(f"control_every={control_every} must be at least 1")
+        self.control_every = control_every
         self._ctx = ctx
         self.module = model.to(ctx.device)
         self.optimizer = optimizer
@@ -72,6 +78,9 @@ class ElasticTrainer:
         self.samples = 0
         self.progress = 0.0  # samples-equivalent at the initial batch size (scale-invariant)
         self.last_lr_factor = 1.0
+        # Per finished epoch: progress, samples, steps, gradient statistics and wall time, the
+        # trace a simulator replays (see shoal.service.replay).
+        self.epoch_trace: list[dict[str, Any]] = []
         store = ctx.checkpoint
         store.register("model", self.module)
         store.register("optimizer", optimizer)
@@ -124,13 +133,17 @@ class ElasticTrainer:
     def begin_micro_batch(self, plan: StepPlan, micro: MicroBatch, first: bool) -> None:
         if first:
             self._step_start = time.perf_counter()
+            # Released here rather than right after the optimizer step, as in the textbook loop:
+            # the memory allocator then sees the same pattern (free, forward, backward).
+            self.optimizer.zero_grad(set_to_none=True)
             self._sync_start = self._sync_end = None
             self._local_parts, self._total_parts = [], []
             self._pieces_sqr, self._pieces_inv, self._pieces = 0.0, 0.0, 0
             self._previous_grads = None
-            self._measure = self.measure_noise and (
-                self._ctx.world_size > 1 or plan.micro_steps > 1
-            )
+            if self._ctx.world_size > 1:
+                self._measure = self.measure_noise and self._control_step
+            else:
+                self._measure = self.measure_noise and plan.micro_steps > 1
         if self._ddp is not None:
             self._ddp.require_backward_grad_sync = micro.sync
         self._plan, self._micro = plan, micro
@@ -170,7 +183,6 @@ class ElasticTrainer:
                 group["lr"] = lr
         else:
             self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
 
         self.steps += 1
         self.samples += plan.batch_size
@@ -188,6 +200,24 @@ class ElasticTrainer:
         self._micro = None
         self._boundary(plan)
         return True
+
+    def epoch_done(self, epoch: int) -> None:
+        """Record the end of ``epoch`` (called by ``shoal.train.epochs``)."""
+        stats = self.grad_stats
+        self.epoch_trace.append({
+            "epoch": epoch,
+            "progress": self.progress,
+            "samples": self.samples,
+            "steps": self.steps,
+            "grad_sqr": stats.sqr if stats else None,
+            "grad_var": stats.var if stats else None,
+            "time": time.time(),
+        })
+
+    @property
+    def _control_step(self) -> bool:
+        """Whether the step being taken exchanges control flags (the same on every rank)."""
+        return self.steps % self.control_every == 0
 
     # -- statistics -------------------------------------------------------------------------
     @property
@@ -239,6 +269,10 @@ class ElasticTrainer:
     def _boundary(self, plan: StepPlan) -> None:
         ctx = self._ctx
         now = time.monotonic()
+        if ctx.world_size > 1 and (self.steps - 1) % self.control_every != 0:
+            # Not a control step: requests wait for the next one (they stay pending).
+            self._maybe_report(now)
+            return
         resize = ctx.resize.requested()
         due = self._checkpoint_due(now) if ctx.rank == 0 else False
         if due:
@@ -330,6 +364,7 @@ class ElasticTrainer:
             self._settle_pending()
             dist.barrier()
             dist.destroy_process_group()
+        end_quickly_at_exit(EXIT_CHECKPOINTED)
         sys.exit(EXIT_CHECKPOINTED)
 
     def _maybe_report(self, now: float) -> None:
@@ -365,6 +400,7 @@ class ElasticTrainer:
             "grad_var": stats.var if stats else None,
             "lr_factor": self.last_lr_factor,
             "profile": self.profile.rows(),
+            "epochs": self.epoch_trace,
         }
         if loader is not None:
             payload.update(
@@ -400,6 +436,7 @@ class ElasticTrainer:
         """End of training: settle the last control all-reduce and send a final report."""
         if self._ctx.world_size > 1:
             self._settle_pending()
+        self.optimizer.zero_grad(set_to_none=True)
         self._send_report(done=True)
 
     def describe(self) -> str:
@@ -428,6 +465,7 @@ class ElasticTrainer:
             "progress": self.progress,
             "noise": self.noise.state_dict(),
             "profile": self.profile.state_dict(),
+            "epochs": self.epoch_trace,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -437,3 +475,4 @@ class ElasticTrainer:
         self.progress = float(state["progress"])
         self.noise.load_state_dict(state["noise"])
         self.profile.load_state_dict(state["profile"])
+        self.epoch_trace = list(state.get("epochs", []))

@@ -38,30 +38,32 @@ def _child(env: dict[str, str], log_path: str) -> None:
     toy_job.main()
 
 
+def launch_rank(rank: int, world_size: int, port: int, out: Path, **extra: str) -> BaseProcess:
+    """Start one rank of the toy job (its peers are started separately)."""
+    env = {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "GLOO_SOCKET_IFNAME": "lo",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        "OMP_NUM_THREADS": "1",
+        "SHOAL_JOB": "toy",
+        "SHOAL_CHECKPOINT_DIR": str(out / "checkpoint"),
+        "TOY_OUT": str(out),
+        **extra,
+    }
+    log = out / f"log-ws{world_size}-rank{rank}-{time.monotonic_ns()}.txt"
+    proc = _MP.Process(target=_child, args=(env, str(log)), daemon=True)
+    proc.start()
+    return proc
+
+
 def launch(world_size: int, out: Path, **extra: str) -> list[BaseProcess]:
     port = free_port()
-    procs = []
-    for rank in range(world_size):
-        env = {
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world_size),
-            "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(world_size),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "GLOO_SOCKET_IFNAME": "lo",
-            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-            "OMP_NUM_THREADS": "1",
-            "SHOAL_JOB": "toy",
-            "SHOAL_CHECKPOINT_DIR": str(out / "checkpoint"),
-            "TOY_OUT": str(out),
-            **extra,
-        }
-        log = out / f"log-ws{world_size}-rank{rank}-{time.monotonic_ns()}.txt"
-        proc = _MP.Process(target=_child, args=(env, str(log)), daemon=True)
-        proc.start()
-        procs.append(proc)
-    return procs
+    return [launch_rank(rank, world_size, port, out, **extra) for rank in range(world_size)]
 
 
 def wait_all(procs: list[BaseProcess], timeout_s: float = 60.0) -> list[int | None]:

@@ -15,6 +15,7 @@ from typing import Any
 from shoal.backends.local.devices import DevicePool
 from shoal.backends.local.job import LocalJob, Phase, RunSettings
 from shoal.backends.local.model import JobModel
+from shoal.backends.local.services import LocalServeJob, check_local_service
 from shoal.core.types import Change, ClusterState, JobLimits, JobStatus
 from shoal.spec.cluster import NodeInfo
 from shoal.spec.errors import SpecError
@@ -28,6 +29,7 @@ class LocalBackend:
         self.settings = settings
         self.pool: DevicePool = settings.pool
         self.jobs: dict[str, LocalJob] = {}
+        self.services: dict[str, LocalServeJob] = {}  # serve jobs: model servers + a router
         self.pending_workdir: Path | None = None  # where the next admitted job's command runs
         self._reported_done: set[str] = set()
         self._state = ClusterState((NodeInfo(0, self.pool.device_type, self.pool.slots),))
@@ -40,6 +42,13 @@ class LocalBackend:
         return self._state
 
     def admit(self, spec: JobSpec, workdir: Path | None = None) -> JobLimits:
+        if spec.kind != "train":
+            check_local_service(spec, self.pool.device_type)
+            assert spec.serve is not None
+            self.services[spec.name] = LocalServeJob(spec, self.settings)
+            return JobLimits(init_batch_size=1, max_batch_size=1, min_local_bsz=1,
+                             max_local_bsz=1,
+                             max_replicas=min(self.pool.slots, spec.serve.max_replicas))
         if not spec.command:
             raise SpecError(
                 "the local backend runs a program: add e.g. "
@@ -54,18 +63,20 @@ class LocalBackend:
         limits = self.base_limits(spec)
         self.jobs[spec.name] = LocalJob(
             spec, Path(workdir or self.pending_workdir or Path.cwd()), limits, self.settings,
-            JobModel(dtype, spec.target_epochs),
+            JobModel.for_spec(dtype, spec),
         )
         return limits
 
     def base_limits(self, spec: JobSpec) -> JobLimits:
+        """Limits from the spec alone; the job's reports refine them (see JobModel.limits)."""
         init = spec.batch_size or 1
+        max_batch = max(spec.max_batch_size or init, init)
         caps = [self.pool.slots, spec.max_replicas or self.pool.slots]
         return JobLimits(
             init_batch_size=init,
-            max_batch_size=init,  # raised by the job's own report of its bound
+            max_batch_size=max_batch,
             min_local_bsz=1,
-            max_local_bsz=init,
+            max_local_bsz=spec.max_local_bsz or init,
             max_replicas=min(caps),
             fixed_batch=None if spec.adaptive_batch else spec.batch_size,
         )
@@ -88,14 +99,27 @@ class LocalBackend:
                     failed_reason=job.failed_reason,
                     hints=job.model.hints(limits),
                     batch_size=job.model.batch_size,
-                    extra={"running": job.phase == Phase.RUNNING and job.reported_since_start},
+                    extra={"running": job.phase == Phase.RUNNING and job.reported_since_start
+                           and not job.standby},
                 )
             )
+        for service in self.services.values():
+            service.tick(now)
+            if service.name in self._reported_done:
+                continue
+            if service.terminal:
+                self._reported_done.add(service.name)
+            out.append(service.status(now))
         return out
 
     def apply(self, changes: Sequence[Change]) -> None:
         now = self.now()
         for change in changes:
+            service = self.services.get(change.job)
+            if service is not None:
+                service.set_target(change.allocation)
+                service.tick(now)
+                continue
             job = self.jobs.get(change.job)
             if job is None:
                 continue
@@ -103,6 +127,14 @@ class LocalBackend:
             job.tick(now)
 
     # ----- beyond the protocol -----
+    def poll(self) -> None:
+        """Between rounds: move along the jobs that are stopping or pre-warming a resize, so a
+        resize waits for processes, not for the next round, and notice exits."""
+        now = self.now()
+        for job in self.jobs.values():
+            if job.watch_between_rounds:
+                job.tick(now)
+
     def learned_limits(self) -> dict[str, JobLimits]:
         return {name: job.limits for name, job in self.jobs.items() if not job.terminal}
 
@@ -121,26 +153,43 @@ class LocalBackend:
             return {"batch_size": best}
         return {}
 
+    def service_url(self, name: str) -> str | None:
+        """The URL a serve job answers on (its router), None until a replica is ready."""
+        service = self.services.get(name)
+        return service.url if service is not None else None
+
     def cancel(self, name: str) -> None:
+        service = self.services.get(name)
+        if service is not None:
+            service.cancel()
         job = self.jobs.get(name)
         if job is not None:
             job.cancel()
 
     def forget(self, name: str) -> None:
+        service = self.services.pop(name, None)
+        if service is not None:
+            service.stop()
         self.jobs.pop(name, None)
         self._reported_done.discard(name)
 
     def adopt(self, spec: JobSpec, workdir: Path, limits: JobLimits) -> LocalJob:
         """Re-create a job after a service restart; its replicas are re-adopted if alive."""
         job = LocalJob(spec, workdir, limits, self.settings,
-                       JobModel(self.pool.device_type, spec.target_epochs))
+                       JobModel.for_spec(self.pool.device_type, spec))
         job.adopt(self.now())
         self.jobs[spec.name] = job
         return job
 
     def stop_all(self, timeout_s: float = 60.0) -> None:
-        """Checkpoint and stop every running job (service shutdown); they resume later."""
+        """Checkpoint and stop every running job (service shutdown); they resume later.
+
+        Serve jobs keep no state: their processes are stopped and start afresh later."""
+        for service in self.services.values():
+            service.set_target(None)  # else the next observe() would start replicas again
+            service.stop()
         for job in self.jobs.values():
+            job.drop_standby()
             if job.phase == Phase.RUNNING:
                 job.request_stop()
         deadline = time.time() + timeout_s

@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from shoal.backends.local.devices import DevicePool
 from shoal.backends.local.model import JobModel
@@ -27,6 +28,9 @@ from shoal.spec.job import JobSpec
 log = logging.getLogger(__name__)
 
 EXIT_CHECKPOINTED = 3  # shoal.train.EXIT_CHECKPOINTED; not imported to keep torch out
+# Contract variables a replica must not inherit from the service's own environment.
+STALE_VARIABLES = ("SHOAL_SCHEDULER_URL", "SHOAL_BATCH_SIZE", "SHOAL_MAX_LOCAL_BSZ",
+                   "SHOAL_MAX_BATCH_SIZE", "SHOAL_STANDBY_FILE")
 
 
 class Phase(enum.StrEnum):
@@ -46,6 +50,10 @@ class RunSettings:
     stop_timeout_s: float = 60.0
     checkpoint_interval_s: float = 30.0
     scheduler_url: str | None = None
+    # Resizes start the new replicas while the old ones train (see shoal.train.standby); the
+    # old ones are stopped once the new are ready, or after this many seconds regardless.
+    prewarm: bool = True
+    prewarm_timeout_s: float = 120.0
 
 
 def free_port() -> int:
@@ -85,6 +93,16 @@ class LocalJob:
     stop_deadline: float = 0.0
     resizes: int = 0
     runs: list[tuple[float, int]] = field(default_factory=list)  # (start time, replicas)
+    # Per run, when it was asked for and how it went: "requested" (the allocation decision),
+    # "time" (training processes started or promoted), "first_step" and "checkpointed" (wall
+    # times the job reported), "kind" (start, resize, retry): the measured restart costs.
+    run_details: list[dict[str, Any]] = field(default_factory=list)
+    requested_at: float | None = None
+    standby: list[Replica] = field(default_factory=list)  # pre-warmed replicas of ``target``
+    standby_allocation: Allocation | None = None
+    standby_since: float = 0.0
+    standby_go: Path | None = None
+    _resizing: bool = False
     _last_tick: float = field(default_factory=time.time)
 
     @property
@@ -115,9 +133,23 @@ class LocalJob:
     def set_target(self, allocation: Allocation | None, batch_size: int | None) -> None:
         if self.terminal:
             return
+        if allocation != self.target:
+            self.requested_at = time.time()
+            # A new allocation while processes run: the next start continues a resize.
+            self._resizing = allocation is not None and self.phase != Phase.IDLE
         self.target, self.target_batch = allocation, batch_size
+        if self.standby and self.standby_allocation != allocation:
+            self.drop_standby()
         if self.phase == Phase.RUNNING and allocation != self.running_allocation:
-            self.request_stop()
+            if allocation is not None and self._prewarms():
+                if not self.standby:
+                    self._start_standby(allocation)
+            else:
+                self.request_stop()
+
+    def _prewarms(self) -> bool:
+        # Subclasses that start replicas their own way (Ray actors) resize by stop and start.
+        return self.settings.prewarm and type(self).start is LocalJob.start
 
     def request_stop(self) -> None:
         if self.phase != Phase.RUNNING:
@@ -130,15 +162,25 @@ class LocalJob:
     def cancel(self) -> None:
         self.cancelled = True
         self.target = None
+        self.drop_standby()
         if self.phase == Phase.RUNNING:
             self.request_stop()
         elif self.phase == Phase.IDLE:
             self._fail("cancelled")
 
     def _environment(self, allocation: Allocation, rank: int, port: int) -> dict[str, str]:
+        env = dict(os.environ)
+        for stale in STALE_VARIABLES:
+            env.pop(stale, None)
+        env.update(self.contract_environment(allocation, rank, port))
+        return env
+
+    def contract_environment(self, allocation: Allocation, rank: int,
+                             port: int) -> dict[str, str]:
+        """The replica's contract variables only (what it gets on top of the inherited ones)."""
         pool = self.settings.pool
         threads = str(pool.threads_per_slot)
-        env = dict(os.environ)
+        env: dict[str, str] = {}
         env.update(
             RANK=str(rank),
             WORLD_SIZE=str(allocation.num_replicas),
@@ -155,15 +197,16 @@ class LocalJob:
             MKL_NUM_THREADS=threads,
             PYTHONUNBUFFERED="1",
         )
-        for stale in ("SHOAL_SCHEDULER_URL", "SHOAL_BATCH_SIZE", "SHOAL_MAX_LOCAL_BSZ"):
-            env.pop(stale, None)
         if self.settings.scheduler_url:
             env["SHOAL_SCHEDULER_URL"] = self.settings.scheduler_url
         batch = self.target_batch or self._model_batch(allocation)
         if batch:
             env["SHOAL_BATCH_SIZE"] = str(batch)
-        if self.model.max_local_bsz:
-            env["SHOAL_MAX_LOCAL_BSZ"] = str(self.model.max_local_bsz)
+        if self.spec.max_batch_size:
+            env["SHOAL_MAX_BATCH_SIZE"] = str(self.spec.max_batch_size)
+        local_bounds = [b for b in (self.model.max_local_bsz, self.spec.max_local_bsz) if b]
+        if local_bounds:
+            env["SHOAL_MAX_LOCAL_BSZ"] = str(min(local_bounds))
         if pool.gpu_ids:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(pool.gpu_ids[i]) for i in range(
                 allocation.num_replicas))
@@ -172,31 +215,50 @@ class LocalJob:
     def _model_batch(self, allocation: Allocation) -> int | None:
         return self.model.best_batch(self.limits, allocation.num_nodes, allocation.num_replicas)
 
-    def start(self, now: float) -> None:
-        allocation = self.target
-        assert allocation is not None and self.phase == Phase.IDLE
+    def _spawn(self, allocation: Allocation, go_file: Path | None = None) -> list[Replica]:
+        """Start one process per replica of ``allocation`` (as a standby when ``go_file``)."""
         for directory in (self.log_dir, self.checkpoint_dir, self.run_dir):
             directory.mkdir(parents=True, exist_ok=True)
         self.attempt += 1
         port = free_port()
         command = resolve_command(list(self.spec.command or []))
-        self.replicas = []
+        replicas = []
+        note = ", pre-warmed while the running replicas train" if go_file else ""
         for rank in range(allocation.num_replicas):
             log_path = self.log_dir / f"rank{rank}.log"
             with log_path.open("a") as handle:
                 handle.write(
                     f"=== shoal: attempt {self.attempt}, {allocation.num_replicas} replica(s) "
-                    f"on {allocation.device_type}, {time.strftime('%H:%M:%S')} ===\n"
+                    f"on {allocation.device_type}{note}, {time.strftime('%H:%M:%S')} ===\n"
                 )
             env = self._environment(allocation, rank, port)
-            self.replicas.append(
+            if go_file is not None:
+                env["SHOAL_STANDBY_FILE"] = str(go_file)
+            replicas.append(
                 spawn(rank, command, env, self.workdir, log_path, self.run_dir, self.attempt)
             )
+        return replicas
+
+    def start(self, now: float) -> None:
+        allocation = self.target
+        assert allocation is not None and self.phase == Phase.IDLE
+        self.drop_standby()
+        kind = "retry" if self.crashes else ("resize" if self._resizing else "start")
+        self.replicas = self._spawn(allocation)
+        self._begin_run(now, allocation, kind)
+
+    def _begin_run(self, now: float, allocation: Allocation, kind: str) -> None:
         if self.running_allocation is not None and self.running_allocation != allocation:
             self.resizes += 1
         self.running_allocation = allocation
         self.runs.append((now, allocation.num_replicas))
+        self.run_details.append({
+            "time": now, "replicas": allocation.num_replicas, "kind": kind,
+            "requested": self.requested_at if self.requested_at is not None else now,
+            "first_step": None, "checkpointed": None,
+        })
         self.phase = Phase.RUNNING
+        self._resizing = False
         self.reported_since_start = False
         if self.started_at is None:
             self.started_at = now
@@ -211,10 +273,74 @@ class LocalJob:
         self._last_tick = now
         if self.phase in (Phase.RUNNING, Phase.STOPPING):
             self._collect(now)
+        if self.phase == Phase.RUNNING and self.standby:
+            self._watch_standby(now)
         if self.phase == Phase.IDLE and self.cancelled:
             self._fail("cancelled")
         if self.phase == Phase.IDLE and self.target is not None and now >= self.not_before:
-            self.start(now)
+            if self._standby_alive() and self.standby_allocation == self.target:
+                self._promote(now)
+            else:
+                self.start(now)
+
+    @property
+    def in_transition(self) -> bool:
+        """Stopping, or pre-warming a resize: worth watching more often than once a round."""
+        return self.phase == Phase.STOPPING or bool(self.standby)
+
+    @property
+    def watch_between_rounds(self) -> bool:
+        """Worth a tick between rounds: in transition, or running processes whose exit is
+        cheap to notice (exit files), so a finish time is exact to a fraction of a second."""
+        local = type(self).tick is LocalJob.tick
+        return self.in_transition or (local and self.phase == Phase.RUNNING)
+
+    # ----- pre-warmed resizes -----
+    def _start_standby(self, allocation: Allocation) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in self.run_dir.glob("attempt*.go*"):  # earlier resizes' signals
+            stale.unlink(missing_ok=True)
+        go = self.run_dir / f"attempt{self.attempt + 1}.go"
+        self.standby = self._spawn(allocation, go)
+        self.standby_allocation, self.standby_go = allocation, go
+        self.standby_since = time.time()
+        self.persist()
+
+    def _standby_alive(self) -> bool:
+        return bool(self.standby) and all(r.exit_code() is None for r in self.standby)
+
+    def _standby_ready(self) -> bool:
+        go = self.standby_go
+        return go is not None and all(
+            go.with_name(f"{go.name}.rank{r.rank}.ready").exists() for r in self.standby
+        )
+
+    def _watch_standby(self, now: float) -> None:
+        """Stop the running replicas once the new ones are warm (or given up on)."""
+        if any(r.exit_code() is not None for r in self.standby):
+            log.warning("%s: a pre-warmed replica exited; resizing by a plain restart", self.name)
+            self.drop_standby()
+            self.request_stop()
+        elif self._standby_ready() or now - self.standby_since > self.settings.prewarm_timeout_s:
+            self.request_stop()
+
+    def _promote(self, now: float) -> None:
+        """The old replicas have checkpointed: let the pre-warmed ones go."""
+        assert self.standby_allocation is not None and self.standby_go is not None
+        self.standby_go.write_text(str(now))  # removed when the next resize starts
+        self.replicas, self.standby, self.standby_go = self.standby, [], None
+        allocation, self.standby_allocation = self.standby_allocation, None
+        self._begin_run(now, allocation, "resize")
+
+    def drop_standby(self) -> None:
+        if not self.standby:
+            return
+        kill_all(self.standby)
+        self.standby, self.standby_allocation = [], None
+        if self.standby_go is not None:
+            for path in self.standby_go.parent.glob(f"{self.standby_go.name}*"):
+                path.unlink(missing_ok=True)
+        self.standby_go = None
 
     def _collect(self, now: float) -> None:
         codes = [r.exit_code() for r in self.replicas]
@@ -251,6 +377,7 @@ class LocalJob:
             self._fail("cancelled")
 
     def _crash(self, now: float, bad: list[tuple[int, int]]) -> None:
+        self.drop_standby()
         self.crashes += 1
         what = ", ".join(f"rank {rank} exited with {_describe(code)}" for rank, code in bad)
         tail = self._log_tail(bad[0][0])
@@ -272,6 +399,7 @@ class LocalJob:
         return "last log lines: " + " | ".join(last) if last else ""
 
     def _finish(self, now: float) -> None:
+        self.drop_standby()
         self.phase = Phase.FINISHED
         self.finished_at = now
         self.replicas = []
@@ -279,6 +407,7 @@ class LocalJob:
         self.persist()
 
     def _fail(self, reason: str) -> None:
+        self.drop_standby()
         self.phase = Phase.FAILED
         self.failed_reason = reason
         self.finished_at = time.time()
@@ -286,7 +415,17 @@ class LocalJob:
 
     def on_report(self, report: dict[str, object]) -> None:
         self.model.update(dict(report))
+        when = report.get("time")
+        when = float(when) if isinstance(when, int | float) else time.time()
+        details = self.run_details[-1] if self.run_details else None
+        if report.get("checkpointed") and details is not None:
+            details["checkpointed"] = when
+        if report.get("done") and details is not None:
+            details["done"] = when
         if self.phase == Phase.RUNNING and report.get("steps"):
+            first = not self.reported_since_start
+            if first and details is not None and details.get("first_step") is None:
+                details["first_step"] = when
             self.reported_since_start = True
             self.crashes = 0
 
@@ -306,6 +445,8 @@ class LocalJob:
             "resizes": self.resizes,
             "device_seconds": self.device_seconds,
             "runs": self.runs,
+            "run_details": self.run_details,
+            "standby": [r.to_json() for r in self.standby],
         })
 
     def adopt(self, now: float) -> None:
@@ -316,6 +457,11 @@ class LocalJob:
         self.resizes = int(data.get("resizes", 0) or 0)  # type: ignore[call-overload]
         self.device_seconds = float(data.get("device_seconds", 0.0) or 0.0)  # type: ignore[arg-type]
         self.runs = [(float(t), int(n)) for t, n in data.get("runs", [])]  # type: ignore[union-attr]
+        self.run_details = list(data.get("run_details") or [])  # type: ignore[call-overload]
+        for stale in data.get("standby") or []:  # type: ignore[union-attr]
+            # A resize was being pre-warmed: those processes have trained nothing; the new
+            # service decides afresh.
+            Replica.from_json(stale).signal(signal.SIGKILL)  # type: ignore[arg-type]
         alloc = data.get("allocation")
         if alloc:
             dtype, nodes = alloc  # type: ignore[misc]

@@ -16,8 +16,13 @@ import numpy as np
 
 from shoal.core.types import JobLimits, ModelHints
 from shoal.perf import GoodputModel, GradStats, PerfParams, fit_perf_params
+from shoal.spec.job import JobSpec
 
 _REFIT_SECONDS = 15.0
+
+
+def _cap(value: int, bound: int | None) -> int:
+    return value if bound is None else min(value, bound)
 
 
 @dataclass
@@ -37,9 +42,17 @@ class JobModel:
     samples_per_second: float = 0.0
     last_report: dict[str, Any] | None = None
     reports: int = 0
+    epoch_trace: list[dict[str, Any]] = field(default_factory=list)  # see ElasticTrainer
+    spec_max_batch_size: int | None = None  # the job spec's bounds cap what the job reports
+    spec_max_local_bsz: int | None = None
     _fitted_keys: frozenset[tuple[int, int, int, int]] = frozenset()
     _fitted_at: float = 0.0
     _progress_log: list[tuple[float, float]] = field(default_factory=list)
+
+    @classmethod
+    def for_spec(cls, device_type: str, spec: JobSpec) -> JobModel:
+        return cls(device_type, spec.target_epochs, spec_max_batch_size=spec.max_batch_size,
+                   spec_max_local_bsz=spec.max_local_bsz)
 
     # ----- input -----
     def update(self, report: dict[str, Any], now: float | None = None) -> None:
@@ -55,6 +68,9 @@ class JobModel:
         rows = report.get("profile")
         if isinstance(rows, list) and rows:
             self.rows = rows
+        trace = report.get("epochs")
+        if isinstance(trace, list) and len(trace) >= len(self.epoch_trace):
+            self.epoch_trace = trace
         self.epoch = int(report.get("epoch") or 0)
         self.steps = int(report.get("steps") or 0)
         self.samples_per_second = float(report.get("samples_per_second") or 0.0)
@@ -117,8 +133,9 @@ class JobModel:
     def limits(self, base: JobLimits) -> JobLimits:
         """``base`` (from the spec) refined by the bounds the job itself reported."""
         init = self.init_batch_size or base.init_batch_size
-        max_batch = max(self.max_batch_size or base.max_batch_size, init)
-        max_local = self.max_local_bsz or max_batch
+        max_batch = max(_cap(self.max_batch_size or base.max_batch_size,
+                             self.spec_max_batch_size), init)
+        max_local = _cap(self.max_local_bsz or max_batch, self.spec_max_local_bsz)
         return JobLimits(
             init_batch_size=init,
             max_batch_size=max_batch,
@@ -170,6 +187,10 @@ class JobModel:
                     np.round(perf.as_array(), 6).tolist(), strict=True)
             ),
             "profile": self.rows,
+            "epochs": self.epoch_trace,
+            "bounds": {"init_batch_size": self.init_batch_size,
+                       "max_batch_size": self.max_batch_size,
+                       "max_local_bsz": self.max_local_bsz},
             "eta_seconds": self.eta_seconds(),
             "reports": self.reports,
         }

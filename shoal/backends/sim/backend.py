@@ -6,8 +6,11 @@ import math
 from collections.abc import Mapping
 
 from shoal.backends.sim.job import SimJob
+from shoal.backends.sim.planned import PlannedOracle, PlannedSimJob, admit_planned
 from shoal.backends.sim.profile import ApplicationProfile, ProfileLibrary
+from shoal.backends.sim.services import SimServices
 from shoal.core.types import ClusterState, JobLimits, JobStatus
+from shoal.perf.planned import PlanMode
 from shoal.spec.cluster import ClusterSpec
 from shoal.spec.errors import SpecError
 from shoal.spec.job import JobSpec
@@ -61,13 +64,22 @@ class SimOracle:
 
 
 class SimBackend:
-    def __init__(self, cluster: ClusterSpec, profiles: ProfileLibrary, restart_delay: float = 30):
+    def __init__(self, cluster: ClusterSpec, profiles: ProfileLibrary, restart_delay: float = 30,
+                 plan_mode: PlanMode = "search", start_delay: float | None = None,
+                 resize_overlap: float = 0.0, finish_delay: float = 0.0):
         self.spec = cluster
         self.profiles = profiles
         self.restart_delay = restart_delay
+        # Restart costs of the backend being simulated (see SimJob): a start from no devices,
+        # the seconds a resized job keeps training on its old devices, the end of a job.
+        self.start_delay = start_delay
+        self.resize_overlap = resize_overlap
+        self.finish_delay = finish_delay
+        self.plan_mode = plan_mode  # how jobs that declare a model pick their parallel plan
         self._state = ClusterState(tuple(cluster.expand()))
+        self.services = SimServices(self._state)  # serve and stream jobs
         self._now = 0.0
-        self.jobs: dict[str, SimJob] = {}
+        self.jobs: dict[str, SimJob | PlannedSimJob] = {}
         self._reported_done: set[str] = set()
         per_node = {n.capacity for n in self._state.nodes}
         self._per_node = max(per_node)
@@ -85,6 +97,12 @@ class SimBackend:
 
     def admit(self, spec: JobSpec) -> JobLimits:
         """Register a submitted job; raises SpecError when it cannot be simulated."""
+        if spec.kind != "train":
+            return self.services.admit(spec)
+        if spec.model is not None:
+            planned = admit_planned(spec, self.spec, self.restart_delay, self.plan_mode)
+            self.jobs[spec.name] = planned
+            return planned.limits
         app = self.profiles.get(spec.application)
         missing = set(spec.device_types or []) - set(app.device_types)
         if spec.device_types and missing == set(spec.device_types):
@@ -101,7 +119,8 @@ class SimBackend:
             )
         limits = self._limits(spec, app)
         job = SimJob(spec.name, app, limits, spec.submit_time, self.restart_delay,
-                     spec.target_epochs)
+                     spec.target_epochs, start_delay=self.start_delay,
+                     resize_overlap=self.resize_overlap, finish_delay=self.finish_delay)
         if len(self._state.device_types) > 1:
             allowed = spec.device_types or self._state.device_types
             job.bootstrap([d for d in self._state.device_types if d in allowed],
@@ -121,8 +140,11 @@ class SimBackend:
             fixed_batch=app.defaults.fixed_batch if spec.adaptive_batch else spec.batch_size,
         )
 
-    def oracle(self, name: str) -> SimOracle:
-        return SimOracle(self.jobs[name], self._per_node, self.per_node_by_type)
+    def oracle(self, name: str) -> SimOracle | PlannedOracle:
+        job = self.jobs[name]
+        if isinstance(job, PlannedSimJob):
+            return PlannedOracle(job)
+        return SimOracle(job, self._per_node, self.per_node_by_type)
 
     def observe(self) -> list[JobStatus]:
         out = []
@@ -131,6 +153,12 @@ class SimBackend:
                 continue
             if job.finished_at is not None:
                 self._reported_done.add(job.name)
+            if isinstance(job, PlannedSimJob):
+                if job.failed_reason is not None:
+                    self._reported_done.add(job.name)
+                if job.submit_time <= self._now or job.allocation is not None:
+                    out.append(job.status())
+                continue
             if job.allocation is None and job.finished_at is None and not job.measured:
                 if job.submit_time <= self._now:
                     out.append(JobStatus(job.name, job.device_seconds))
@@ -145,14 +173,23 @@ class SimBackend:
                     extra={"epoch": job.epoch, "profiling_seconds": job.profiling_seconds},
                 )
             )
+        out.extend(self.services.observe(self._now))
         return out
 
     def apply(self, changes) -> None:
         for change in changes:
-            self.jobs[change.job].reallocate(change.allocation, change.batch_size)
+            if self.services.owns(change.job):
+                self.services.apply(change, self._now)
+                continue
+            job = self.jobs[change.job]
+            if isinstance(job, PlannedSimJob):
+                job.reallocate(change.allocation, change.batch_size, now=self._now)
+            else:
+                job.reallocate(change.allocation, change.batch_size)
 
     # ----- virtual time -----
     def advance(self, seconds: float) -> None:
         for job in self.jobs.values():
             job.advance(self._now, seconds)
+        self.services.advance(self._now, seconds)
         self._now += seconds

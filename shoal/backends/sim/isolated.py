@@ -27,6 +27,21 @@ def isolated_jct(
     needs no model fitting. A share smaller than one device is rounded up to one.
     """
     devices = max(1, min(devices, limits.max_replicas, batch_size // limits.min_local_bsz or 1))
+    while True:
+        try:
+            return _run_alone(app, limits, batch_size, devices, per_node, device_type,
+                              restart_delay, epochs, step)
+        except ValueError:
+            # A share larger than the profile covers (e.g. 1/n of a big cluster): the
+            # baseline is the largest share the profile can simulate.
+            if devices == 1:
+                raise
+            devices -= 1
+
+
+def _run_alone(app: ApplicationProfile, limits: JobLimits, batch_size: int, devices: int,
+               per_node: int, device_type: str, restart_delay: float, epochs: int | None,
+               step: float) -> float:
     nodes: list[int] = []
     for node in range(math.ceil(devices / per_node)):
         nodes.extend([node] * min(per_node, devices - len(nodes)))

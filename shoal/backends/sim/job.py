@@ -30,12 +30,25 @@ class SimJob:
         restart_delay: float,
         epochs: int | None = None,
         warm_start_fits: bool = True,
+        start_delay: float | None = None,
+        resize_overlap: float = 0.0,
+        finish_delay: float = 0.0,
     ):
+        """``restart_delay``: seconds without progress after a resize; ``start_delay``: the
+        same for a start from no devices (default ``restart_delay``); ``resize_overlap``:
+        seconds the old allocation keeps training after a resize decision before that pause
+        (a backend that pre-warms the new replicas, as the local one does); ``finish_delay``:
+        seconds from the last step to the end of the job (its processes exiting)."""
         self.name = name
         self.app = app
         self.limits = limits
         self.submit_time = submit_time
         self.restart_delay = restart_delay
+        self.start_delay = restart_delay if start_delay is None else start_delay
+        self.resize_overlap = resize_overlap
+        self.finish_delay = finish_delay
+        self.overlap_left = 0.0
+        self._overlap: tuple[Allocation, int, int] | None = None  # config still training
         self.max_epochs = epochs or app.max_epochs
         self.fixed_batch: int | None = limits.fixed_batch
         self.allocation: Allocation | None = None
@@ -176,12 +189,26 @@ class SimJob:
     def reallocate(self, allocation: Allocation | None, fixed_batch: int | None) -> None:
         if fixed_batch is not None:
             self.fixed_batch = fixed_batch
+        # What trains right now: a configuration still running during an overlap, else the
+        # current one unless the job is paused in a restart.
+        if self._overlap is not None:
+            running: tuple[Allocation, int, int] | None = self._overlap
+        elif self.allocation is not None and self.rescale_left <= 0:
+            running = (self.allocation, self.atomic_bsz, self.accum_steps)
+        else:
+            running = None
         self.allocation = allocation
+        self._overlap, self.overlap_left = None, 0.0
         if allocation is None:
             self.atomic_bsz = 0
             return
         self.choose_batch()
+        if running is None:
+            self.rescale_left = self.start_delay
+            return
         self.rescale_left = self.restart_delay
+        if self.resize_overlap > 0:
+            self._overlap, self.overlap_left = running, self.resize_overlap
 
     # ----- time -----
     def advance(self, now: float, seconds: float) -> None:
@@ -189,6 +216,36 @@ class SimJob:
         alloc = self.allocation
         if alloc is None or self.finished_at is not None:
             return
+        if self._overlap is not None:
+            spent = self._advance_overlap(now, seconds)
+            now += spent
+            seconds -= spent
+            if seconds <= 0 or self.finished_at is not None:
+                return
+        self._train(now, seconds)
+
+    def _advance_overlap(self, now: float, seconds: float) -> float:
+        """Train the previous configuration while the new one warms up; seconds used."""
+        assert self._overlap is not None
+        spend = min(self.overlap_left, seconds)
+        current = (self.allocation, self.atomic_bsz, self.accum_steps, self.rescale_left)
+        epoch = self.epoch
+        self.allocation, self.atomic_bsz, self.accum_steps = self._overlap
+        self.rescale_left = 0.0
+        self._train(now, spend)
+        self._overlap = (self.allocation, self.atomic_bsz, self.accum_steps)
+        self.allocation, self.atomic_bsz, self.accum_steps, self.rescale_left = current
+        self.overlap_left -= spend
+        if self.overlap_left <= 0:
+            self._overlap = None
+        if self.epoch != epoch and self.finished_at is None:
+            self._hints = None
+            self.choose_batch()
+        return spend
+
+    def _train(self, now: float, seconds: float) -> None:
+        alloc = self.allocation
+        assert alloc is not None
         replicas = alloc.num_replicas
         delay = min(self.rescale_left, seconds)
         self.rescale_left -= delay
@@ -218,7 +275,8 @@ class SimJob:
                 self._hints = None
                 used = round(float((target - self.progress) / rate))
                 if self.epoch > min(app.completion_epoch(batch), self.max_epochs - 1):
-                    self.finished_at = now + used
+                    self.finished_at = now + used + self.finish_delay
+                    self.device_seconds += self.finish_delay * replicas
                 self.progress = target
                 now += used
                 self.device_seconds += used * replicas

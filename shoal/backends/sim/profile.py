@@ -53,12 +53,26 @@ class ValidationTrace:
     grad_var: np.ndarray
 
 
+class _LazyInterpolator:
+    """LinearNDInterpolator built on first use: a profile measured on one node (all points in
+    one plane, which Delaunay cannot triangulate) loads fine and answers its own placements."""
+
+    def __init__(self, points: np.ndarray, values: np.ndarray):
+        self.points, self.values = points, values
+        self._built: LinearNDInterpolator | None = None
+
+    def __call__(self, point: list[float]) -> np.ndarray:
+        if self._built is None:
+            self._built = LinearNDInterpolator(self.points, self.values)
+        return np.asarray(self._built(point))
+
+
 @dataclass
 class DeviceProfile:
     """Step-time measurements of one application on one device type."""
 
     by_placement: dict[str, tuple[np.ndarray, np.ndarray]]  # id -> (local_bsz, [step, sync])
-    interpolator: LinearNDInterpolator
+    interpolator: _LazyInterpolator
     local_bsz_range: tuple[int, int]
     _memo: dict[tuple[tuple[int, ...], float], tuple[float, float]] = field(default_factory=dict)
 
@@ -116,7 +130,7 @@ def _load_device_profile(app_dir: Path, suffix: str) -> DeviceProfile:
     ):
         points.append([float(n), float(r), float(b)])
         values.append([float(s), float(y)])
-    interpolator = LinearNDInterpolator(np.array(points), np.array(values))
+    interpolator = _LazyInterpolator(np.array(points), np.array(values))
     return DeviceProfile(by_placement, interpolator, (int(bsz.min()), int(bsz.max())))
 
 

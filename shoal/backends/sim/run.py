@@ -11,10 +11,12 @@ from threadpoolctl import threadpool_limits
 
 from shoal.backends.sim.backend import SimBackend
 from shoal.backends.sim.isolated import isolated_jct
+from shoal.backends.sim.planned import PlannedSimJob
 from shoal.backends.sim.profile import ProfileLibrary
 from shoal.core.scheduler import RoundStats, Scheduler
 from shoal.core.state import JobRecord
 from shoal.core.types import Policy
+from shoal.perf.planned import PlanMode
 from shoal.spec.cluster import ClusterSpec
 from shoal.spec.job import JobSpec
 
@@ -28,6 +30,10 @@ class SimResult:
     end_time: float
     timed_out: bool = False
     isolated_jct: dict[str, float] = field(default_factory=dict)
+    # Jobs that declare a model: the plan of each allocation, in order.
+    plans: dict[str, list[dict]] = field(default_factory=dict)
+    # Serve and stream jobs: SLO attainment or lag, and their per-interval history.
+    services: dict[str, dict] = field(default_factory=dict)
 
 
 def simulate(
@@ -41,24 +47,35 @@ def simulate(
     seed: int = 0,
     max_time: float = 30 * 24 * 3600.0,
     on_round: Callable[[float, int, int], None] | None = None,
+    plan_mode: PlanMode = "search",
+    start_delay: float | None = None,
+    resize_overlap: float = 0.0,
+    finish_delay: float = 0.0,
 ) -> SimResult:
     """Simulate ``jobs`` under ``policy`` until every job finishes or fails (or ``max_time``).
 
     Jobs run in the regime of the policy: a policy that does not adapt batch sizes runs each
     job at its user batch size. ``seed`` seeds Python's and NumPy's global generators for any
-    randomized policy; the simulator itself is deterministic.
+    randomized policy; the simulator itself is deterministic. ``plan_mode`` says how jobs
+    that declare a model pick their parallel plan (see :mod:`shoal.perf.planned`).
+    ``start_delay`` (default ``restart_delay``), ``resize_overlap`` and ``finish_delay``
+    describe what starts, resizes and exits cost on the backend being modelled (see
+    :class:`~shoal.backends.sim.job.SimJob`).
     """
     # Small BLAS calls (model fits) are several times slower with threads on few cores.
     with threadpool_limits(limits=1):
         return _simulate(jobs, policy, cluster, profiles, interval, restart_delay, seed,
-                         max_time, on_round)
+                         max_time, on_round, plan_mode, start_delay, resize_overlap, finish_delay)
 
 
 def _simulate(jobs, policy, cluster, profiles, interval, restart_delay, seed, max_time,
-              on_round) -> SimResult:
+              on_round, plan_mode="search", start_delay=None, resize_overlap=0.0,
+              finish_delay=0.0) -> SimResult:
     random.seed(seed)
     np.random.seed(seed)
-    backend = SimBackend(cluster, profiles, restart_delay=restart_delay)
+    backend = SimBackend(cluster, profiles, restart_delay=restart_delay, plan_mode=plan_mode,
+                         start_delay=start_delay, resize_overlap=resize_overlap,
+                         finish_delay=finish_delay)
     scheduler = Scheduler(policy, backend)
     for spec in sorted(jobs, key=lambda s: s.submit_time):
         regime = spec.model_copy(update={"adaptive_batch": policy.adapts_batch_size})
@@ -83,6 +100,9 @@ def _simulate(jobs, policy, cluster, profiles, interval, restart_delay, seed, ma
         timed_out=timed_out,
     )
     result.isolated_jct = _isolated_jcts(result, backend)
+    result.services = backend.services.summary()
+    result.plans = {name: list(job.plan_history) for name, job in backend.jobs.items()
+                    if isinstance(job, PlannedSimJob)}
     return result
 
 
@@ -91,13 +111,19 @@ def _isolated_jcts(result: SimResult, backend: SimBackend) -> dict[str, float]:
     capacity = result.cluster.total_devices
     out = {}
     for rec in result.records:
-        if rec.finish_time is None or rec.limits is None or rec.failure:
+        if rec.finish_time is None or rec.limits is None or rec.failure or rec.spec.kind != "train":
             continue
         window = [r.active_jobs for r in result.rounds
                   if rec.spec.submit_time <= r.time <= rec.finish_time]
         contention = max(sum(window) / len(window), 1.0) if window else 1.0
         share = max(1, int(capacity / contention))
         job = backend.jobs[rec.name]
+        if isinstance(job, PlannedSimJob):
+            first = rec.history[0][1] if rec.history and rec.history[0][1] else None
+            alone = job.isolated_jct(share, first.device_type if first else next(iter(job.models)))
+            if alone is not None:
+                out[rec.name] = alone
+            continue
         dtype = rec.history[0][1].device_type if rec.history and rec.history[0][1] else (
             job.app.device_types[0])
         batch = rec.spec.batch_size or rec.limits.init_batch_size

@@ -1,0 +1,140 @@
+"""The Ray backend: the Backend protocol over a Ray cluster's nodes, placement groups and actors.
+
+It is the local backend (same admission, reports, batch-size advice, checkpoint-restart
+protocol and persistence) whose device pool is read from the Ray cluster and whose jobs are
+:class:`~shoal.backends.ray.job.RayJob`. :meth:`RayBackend.refresh` re-reads the nodes; the
+service calls it at the start of every round and takes allocations away from jobs whose nodes
+left (they are placed again on what is left and resume from their checkpoints).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import ray
+
+from shoal.backends.local.backend import LocalBackend
+from shoal.backends.local.devices import DevicePool
+from shoal.backends.local.model import JobModel
+from shoal.backends.ray import connect
+from shoal.backends.ray.job import RayJob, RaySettings
+from shoal.backends.ray.nodes import NodeRegistry
+from shoal.core.types import ClusterState, JobLimits
+from shoal.spec.cluster import NodeInfo
+from shoal.spec.errors import SpecError
+from shoal.spec.job import JobSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RayPool(DevicePool):
+    """The cluster's devices as the service shows them (``device_type`` lists every type)."""
+
+    address: str = ""
+    num_nodes: int = 0
+    per_type: tuple[tuple[str, int], ...] = ()
+
+    def describe(self) -> str:
+        types = ", ".join(f"{count} {dtype}" for dtype, count in self.per_type) or "no devices"
+        return f"Ray cluster {self.address}: {self.num_nodes} node(s), {types}"
+
+
+class RayBackend(LocalBackend):
+    def __init__(self, settings: RaySettings, address: str | None = None):
+        self.started_cluster = connect.connect(address, settings.pool)
+        super().__init__(settings)
+        self.address = connect.cluster_address()
+        self.registry = NodeRegistry(cores_per_slot=settings.pool.threads_per_slot)
+        settings.scheduler_url = self._reachable(settings.scheduler_url)
+        self.refresh()
+        log.info("Ray backend on %s: %s", self.address, self.pool.describe())
+
+    @staticmethod
+    def _reachable(url: str | None) -> str | None:
+        """A service listening on every interface is reached at the driver's node address."""
+        if not url:
+            return url
+        parts = urlsplit(url)
+        if parts.hostname in ("0.0.0.0", "::"):
+            netloc = f"{connect.driver_address()}:{parts.port}"
+            return urlunsplit(parts._replace(netloc=netloc))
+        return url
+
+    # ----- the device pool -----
+    @property
+    def pool(self) -> DevicePool:
+        nodes = self.registry.nodes if hasattr(self, "registry") else ()
+        per_type: dict[str, int] = {}
+        for node in nodes:
+            per_type[node.device_type] = per_type.get(node.device_type, 0) + node.capacity
+        base = self._base_pool
+        return RayPool(",".join(per_type) or base.device_type, sum(per_type.values()),
+                       base.threads_per_slot, (), getattr(self, "address", ""),
+                       len({n.ray_id for n in nodes}), tuple(per_type.items()))
+
+    @pool.setter
+    def pool(self, value: DevicePool) -> None:
+        self._base_pool = value
+
+    def refresh(self) -> ClusterState:
+        """Re-read the live nodes and their devices."""
+        nodes = self.registry.update(ray.nodes())
+        self._state = ClusterState(
+            tuple(NodeInfo(n.node_id, n.device_type, n.capacity) for n in nodes))
+        return self._state
+
+    # ----- admission -----
+    def _capacity(self, spec: JobSpec) -> int:
+        allowed = spec.device_types
+        return sum(n.capacity for n in self._state.nodes
+                   if not allowed or n.device_type in allowed)
+
+    def admit(self, spec: JobSpec, workdir: Path | None = None) -> JobLimits:
+        if spec.kind != "train":
+            raise SpecError(f"the Ray backend runs training jobs; kind '{spec.kind}' runs on "
+                            "the local backend", field="kind")
+        if not spec.command:
+            raise SpecError(
+                "the Ray backend runs a program: add e.g. "
+                "command: [\"python\", \"train.py\"]", field="command",
+            )
+        types = self._state.device_types
+        if spec.device_types and not set(spec.device_types) & set(types):
+            raise SpecError(
+                f"the Ray cluster offers {types}, the job allows {spec.device_types}",
+                field="device_types",
+            )
+        limits = self.base_limits(spec)
+        self.jobs[spec.name] = self._job(spec, Path(workdir or self.pending_workdir or Path.cwd()),
+                                         limits)
+        return limits
+
+    def base_limits(self, spec: JobSpec) -> JobLimits:
+        """The local backend's limits, with replicas bounded by the cluster's devices of the
+        job's types (when the spec sets no bound)."""
+        limits = super().base_limits(spec)
+        return replace(limits, max_replicas=spec.max_replicas or self._capacity(spec))
+
+    def _job(self, spec: JobSpec, workdir: Path, limits: JobLimits) -> RayJob:
+        allowed = [t for t in self._state.device_types
+                   if not spec.device_types or t in spec.device_types]
+        model = JobModel.for_spec(allowed[0] if allowed else "unknown", spec)
+        return RayJob(spec, workdir, limits, self.settings, model, registry=self.registry)
+
+    def adopt(self, spec: JobSpec, workdir: Path, limits: JobLimits) -> RayJob:  # type: ignore[override]
+        """A job of a previous service: its actors ended with that service; it starts again
+        from its last checkpoint once the scheduler places it."""
+        job = self._job(spec, workdir, limits)
+        job.adopt(self.now())
+        self.jobs[spec.name] = job
+        return job
+
+    def close(self) -> None:
+        for job in self.jobs.values():
+            if isinstance(job, RayJob):
+                job._release()
+        connect.disconnect()

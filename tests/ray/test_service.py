@@ -1,0 +1,160 @@
+"""The service with ``--backend ray`` on a real two-node loopback cluster.
+
+Jobs are real training processes (tests/local/tiny_job.py) in Ray actors, on the nodes the
+scheduler chose; a node is lost mid-training by killing its Ray processes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.ray.cluster import HEAD_IP, WORKER_IP, LoopbackCluster
+from tests.service.helpers import Service, all_done, running_service, wait_until
+
+pytestmark = pytest.mark.slow
+
+# What each node offers (tests/ray/conftest.py): the type of every replica must be offered
+# by the node it ran on.
+TYPES_AT = {HEAD_IP: {"cpu", "fast"}, WORKER_IP: {"cpu", "slow"}}
+RAY_OPTIONS: dict[str, object] = {"backend": "ray", "policy": "gavel", "max_retries": 3}
+SAMPLES = 256  # tiny_job's data set
+_HEADER = re.compile(r"=== shoal: attempt (\d+), (\d+) replica\(s\) on (\S+), \S+ === "
+                     r"rank (\d+), Ray node \w+, host \S+ \(([\d.]+)\)")
+
+
+def ray_job(name: str, types: list[str] | None, epochs: int, sleep: float,
+            replicas: int = 1) -> str:
+    allowed = f"device_types: {json.dumps(types)}\n" if types else ""
+    return (
+        f"name: {name}\napplication: tiny\nbatch_size: 16\ntarget_epochs: {epochs}\n"
+        f"num_replicas: {replicas}\nmin_replicas: 1\nmax_replicas: {replicas}\n{allowed}"
+        f'command: ["python", "tests/local/tiny_job.py", "--epochs", "{epochs}", '
+        f'"--sleep", "{sleep}"]\n'
+    )
+
+
+def placements(service: Service, name: str) -> list[tuple[int, int, str, int, str]]:
+    """(attempt, replicas, device type, rank, node address) of every replica that started."""
+    found = []
+    for path in sorted((service.home / "logs" / name).glob("rank*.log")):
+        for match in _HEADER.finditer(path.read_text(errors="replace")):
+            attempt, replicas, dtype, rank, address = match.groups()
+            found.append((int(attempt), int(replicas), dtype, int(rank), address))
+    return sorted(found)
+
+
+def done(checkpoints: Path, name: str) -> dict[str, int]:
+    return json.loads((checkpoints / name / "done.json").read_text())
+
+
+def events(service: Service, name: str) -> list[dict[str, object]]:
+    return service.get("/api/events", job=name)
+
+
+def first_time(items: list[dict[str, object]], kind: str) -> float:
+    return min(float(e["time"]) for e in items if e["kind"] == kind)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("shared") / "checkpoints"  # "shared": every node reads it
+
+
+@pytest.fixture(scope="module")
+def service(ray_cluster: LoopbackCluster, checkpoints: Path,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    home = tmp_path_factory.mktemp("ray-service") / "home"
+    with running_service(home, address=ray_cluster.address, checkpoint_dir=str(checkpoints),
+                         **RAY_OPTIONS) as svc:
+        yield svc
+
+
+def test_pool_is_read_from_the_cluster(service: Service) -> None:
+    cluster = service.get("/api/cluster")
+    offered = sorted((n["device_type"], n["capacity"]) for n in cluster["nodes"])
+    assert offered == [("cpu", 1), ("cpu", 1), ("fast", 1), ("slow", 1)], cluster
+    assert "2 node(s)" in cluster["pool"] and cluster["policy"] == "gavel"
+
+
+def test_spanning_and_concurrent_jobs_land_on_their_types(service: Service,
+                                                          checkpoints: Path) -> None:
+    # Two cpu replicas need both nodes; "fast" exists only on the head, "slow" on the other.
+    jobs = {
+        "span": ray_job("span", ["cpu"], epochs=4, sleep=0.1, replicas=2),
+        "on-fast": ray_job("on-fast", ["fast"], epochs=2, sleep=0.05),
+        "on-slow": ray_job("on-slow", ["slow"], epochs=2, sleep=0.05),
+    }
+    for text in jobs.values():
+        assert service.submit(text).status_code == 201
+    wait_until(lambda: all_done(service, list(jobs)), 150, "the three jobs",
+               service.diagnostics)
+    for name in jobs:
+        job = service.job(name)
+        assert job["state"] == "finished", (name, job.get("failure"), service.log_text(name))
+        assert done(checkpoints, name)["samples"] == SAMPLES * job["spec"]["target_epochs"]
+        for _, _, dtype, _, address in placements(service, name):
+            assert dtype in TYPES_AT[address], (name, placements(service, name))
+
+    # The spanning job trained with gloo across both nodes, two ranks, to its end.
+    span = placements(service, "span")
+    assert {(rank, address) for _, n, _, rank, address in span if n == 2} == {
+        (0, span[0][4]), (1, WORKER_IP if span[0][4] == HEAD_IP else HEAD_IP)}
+    assert done(checkpoints, "span")["world_size"] == 2
+    assert "replicas=2" in service.log_text("span")
+    # Each single-node job ran on the node of its type.
+    assert {p[4] for p in placements(service, "on-fast")} == {HEAD_IP}
+    assert {p[4] for p in placements(service, "on-slow")} == {WORKER_IP}
+    # The fast job ran while the spanning one did (it started before the other finished).
+    span_events, fast_events = events(service, "span"), events(service, "on-fast")
+    assert first_time(fast_events, "running") < first_time(span_events, "finished")
+    assert first_time(span_events, "running") < first_time(fast_events, "finished")
+    assert all(n["used"] == 0 for n in service.get("/api/cluster")["nodes"])
+
+
+def test_lost_node_resizes_and_resumes_from_checkpoint(service: Service, checkpoints: Path,
+                                                       ray_cluster: LoopbackCluster) -> None:
+    epochs = 6
+    text = ray_job("survivor", ["cpu"], epochs=epochs, sleep=0.1, replicas=2)
+    assert service.submit(text).status_code == 201
+    state = checkpoints / "survivor" / "state.pt"
+
+    def spanning_and_checkpointed() -> bool:
+        job = service.job("survivor")
+        alloc = job.get("allocation") or {}
+        return (job["state"] == "running" and alloc.get("replicas") == 2
+                and job.get("steps", 0) > 0 and state.exists())
+
+    wait_until(spanning_and_checkpointed, 120, "survivor to train on both nodes and checkpoint",
+               service.diagnostics)
+    ids_before = {n["node_id"] for n in service.get("/api/cluster")["nodes"]}
+    assert ray_cluster.kill_node(WORKER_IP) > 0
+    wait_until(lambda: any(e["detail"] == "node lost" for e in events(service, "survivor")),
+               60, "the node loss to be noticed", service.diagnostics)
+    # While the job finishes on what is left, a new node joins (offering a type it may not use).
+    ray_cluster.start_worker({"shoal:slow": 1.0})
+    wait_until(lambda: all_done(service, ["survivor"]), 150, "survivor to finish",
+               service.diagnostics)
+    wait_until(lambda: len(service.get("/api/cluster")["nodes"]) == 3, 60,
+               "the new node to join", service.diagnostics)
+    job = service.job("survivor")
+    assert job["state"] == "finished", (job.get("failure"), service.log_text("survivor"))
+    sizes = [run["replicas"] for run in job["runs"]]
+    assert sizes[0] == 2 and sizes[-1] == 1, job["runs"]
+    assert any(e["detail"] == "node lost" for e in events(service, "survivor"))
+    assert "restored at step" in service.log_text("survivor")
+    last_attempt = max(p[0] for p in placements(service, "survivor"))
+    assert {p[4] for p in placements(service, "survivor") if p[0] == last_attempt} == {HEAD_IP}
+    record = done(checkpoints, "survivor")
+    assert record["world_size"] == 1
+    assert record["samples"] == epochs * SAMPLES  # nothing lost, nothing counted twice
+    nodes = service.get("/api/cluster")["nodes"]
+    assert sorted(n["device_type"] for n in nodes) == ["cpu", "fast", "slow"]
+
+    joined = {n["node_id"]: n["device_type"] for n in service.get("/api/cluster")["nodes"]}
+    new = {i: t for i, t in joined.items() if i not in ids_before}
+    assert sorted(new.values()) == ["slow"], (joined, ids_before)  # ids are never reused

@@ -130,7 +130,9 @@ class SimBackend:
 
     def _limits(self, spec: JobSpec, app: ApplicationProfile) -> JobLimits:
         max_by_batch = app.max_batch_size // app.min_local_bsz
-        caps = [max_by_batch, app.defaults.max_replicas, spec.max_replicas]
+        # Beyond the largest measured replica count the profile cannot say how a job runs.
+        measured = min(int(d.interpolator.points[:, 1].max()) for d in app.devices.values())
+        caps = [max_by_batch, app.defaults.max_replicas, spec.max_replicas, measured]
         return JobLimits(
             init_batch_size=app.init_batch_size,
             max_batch_size=app.max_batch_size,

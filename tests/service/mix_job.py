@@ -42,6 +42,7 @@ def main() -> None:
     model = nn.Linear(16, 1)
     trainer = st.ElasticTrainer(model, torch.optim.SGD(model.parameters(), lr=0.02))
     for epoch in st.epochs(args.epochs):
+        loss = torch.tensor(float("nan"))  # an epoch resumed at its end has no batch
         for x, y in loader:
             loss = nn.functional.mse_loss(trainer.model(x), y)
             time.sleep(args.cost_fixed + args.cost_per_sample * len(x))

@@ -83,18 +83,15 @@ def devices_per_node_on(per_node: Iterable[int], node_capacity: int) -> tuple[in
     return len(counts), replicas, max(1, min(min(counts), node_capacity))
 
 
+_SUMMARY_KEYS = ("dp", "tp", "pp", "virtual_stages", "micro_batch", "accumulation", "recompute",
+                 "recompute_fraction", "zero_stage", "offload", "step_time_s")
+
+
 def plan_summary(plan: Plan) -> dict[str, object]:
-    """The layout and predictions of a plan, for reports."""
-    c = plan.config
-    return {
-        "dp": c.dp, "tp": c.tp, "pp": c.pp, "virtual_stages": c.virtual_stages,
-        "micro_batch": c.micro_batch, "accumulation": c.num_microbatches,
-        "recompute": c.recompute,
-        "recompute_fraction": c.recompute_fraction if c.recompute != "none" else 0.0,
-        "zero_stage": c.zero_stage, "offload": c.offload,
-        "memory_gib": plan.memory_bytes / 2**30, "step_time_s": plan.step_time_s,
-        "samples_per_s": plan.throughput,
-    }
+    """The layout and predictions of a plan, for reports (a compact :meth:`Plan.to_dict`)."""
+    full = plan.to_dict()
+    return {**{k: full[k] for k in _SUMMARY_KEYS},
+            "memory_gib": plan.memory_bytes / 2**30, "samples_per_s": plan.throughput}
 
 
 @dataclass(eq=False)

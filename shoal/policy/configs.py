@@ -99,27 +99,15 @@ class Row:
     cost: np.ndarray
 
 
-def undominated(row: Row, type_index: np.ndarray) -> Row:
+def undominated_rows(rows: Sequence[Row], type_index: np.ndarray) -> list[Row]:
     """Drop configurations no optimum needs: a smaller one of the same type costs no more.
 
     Within a type, configurations are totally ordered in what they use (single-node powers of
     two, then 2, 3, ... whole nodes; :func:`cluster_configs` lists them in that order), so each
     uses at least the devices and whole nodes of every earlier one. A configuration is dominated
     when some earlier one costs no more; dropping it keeps the optimum exact and shrinks the MILP.
+    All rows are done at once with one padded running minimum per (job, type) segment.
     """
-    keep = np.ones(len(row.index), dtype=bool)
-    types = type_index[row.index]
-    for t in np.unique(types):
-        seg = np.nonzero(types == t)[0]
-        if len(seg) < 2:
-            continue
-        block = row.cost[seg]
-        keep[seg[1:]] = np.minimum.accumulate(block)[:-1] > block[1:]
-    return Row(row.index[keep], row.cost[keep])
-
-
-def undominated_rows(rows: Sequence[Row], type_index: np.ndarray) -> list[Row]:
-    """:func:`undominated` of every row at once (one padded running minimum, no loop)."""
     sizes = np.array([len(r.index) for r in rows], dtype=int)
     if not sizes.sum():
         return list(rows)

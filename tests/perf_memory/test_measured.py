@@ -95,6 +95,8 @@ def test_7b_gpt_is_estimated_without_allocating_it() -> None:
     predicted = plan_memory(cfg, ParallelConfig(micro_batch=1, precision=FP32_ADAM))
     assert result["params"] == cfg.exact_parameters()
     assert result["peak"] > 100e9  # a 7B fp32 Adam step: over 100 GB that were never allocated
-    assert result["max_rss_bytes"] < 1e9
+    # The process holds the interpreter, torch and the fake tensors' metadata (about 1 GB);
+    # allocating the step for real would take over a hundred times more.
+    assert result["max_rss_bytes"] < 0.03 * result["peak"]
     assert predicted.activations == pytest.approx(result["activations"], rel=0.05)
     assert predicted.peak == pytest.approx(result["peak"], rel=0.05)

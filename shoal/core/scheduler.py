@@ -32,6 +32,7 @@ class RoundStats:
     allocated_devices: int
     decision_seconds: float
     changes: int
+    trigger: str = "interval"  # or "arrival": a round run early because a job arrived
 
 
 class Scheduler:
@@ -166,7 +167,7 @@ class Scheduler:
         detail = f"{new.num_replicas}x{new.device_type} on nodes {sorted(set(new.nodes))}"
         record.transition(JobState.RESTARTING, now, self.events, detail)
 
-    def round(self) -> RoundStats:
+    def round(self, trigger: str = "interval") -> RoundStats:
         self.observe()
         now = self.backend.now()
         views = self.active_views(now)
@@ -178,6 +179,6 @@ class Scheduler:
         allocated = sum(
             r.allocation.num_replicas for r in self.records.values() if r.allocation is not None
         )
-        stats = RoundStats(now, len(views), allocated, elapsed, len(changes))
+        stats = RoundStats(now, len(views), allocated, elapsed, len(changes), trigger)
         self.rounds.append(stats)
         return stats

@@ -141,6 +141,9 @@ class Policy(Protocol):
 
     name: str
     adapts_batch_size: bool
+    # True when the policy wants a decision as soon as a job arrives, not only every round
+    # (cheap policies; periodic ones keep the round interval of their papers).
+    decides_on_arrival: bool
 
     def decide(self, jobs: Sequence[JobView], cluster: ClusterState, now: float) -> Decision: ...
 

@@ -164,7 +164,9 @@ def solve_rows(
     forced = dict(forced or {})
     device_types = list(cluster.device_types)
     type_index = np.array([device_types.index(c.device_type) for c in configs], dtype=int)
-    kept = list(undominated_rows(rows, type_index))
+    # An infinite cost forbids a configuration (e.g. a move whose restart could never pay off).
+    finite = [Row(r.index[np.isfinite(r.cost)], r.cost[np.isfinite(r.cost)]) for r in rows]
+    kept = list(undominated_rows(finite, type_index))
     for j, c in forced.items():
         at = np.nonzero(rows[j].index == c)[0]
         kept[j] = Row(np.array([c], dtype=int), rows[j].cost[at] if len(at) else np.zeros(1))

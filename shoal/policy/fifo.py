@@ -10,6 +10,7 @@ from shoal.core.types import ClusterState, Decision, Grant, JobView
 class FifoPolicy:
     name = "fifo"
     adapts_batch_size = False
+    decides_on_arrival = False
 
     def __init__(self, backfill: bool = False):
         self.backfill = backfill

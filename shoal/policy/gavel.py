@@ -108,6 +108,7 @@ def max_min_allocation(
 class GavelPolicy:
     name = "gavel"
     adapts_batch_size = False
+    decides_on_arrival = False
 
     def __init__(self, round_duration: float = 360.0):
         self.round_duration = round_duration

@@ -40,6 +40,7 @@ def _remaining(job: JobView) -> float:
 class OptimusPolicy:
     name = "optimus"
     adapts_batch_size = False
+    decides_on_arrival = False
 
     def decide(self, jobs: Sequence[JobView], cluster: ClusterState, now: float) -> Decision:
         free = cluster.capacity()

@@ -62,6 +62,7 @@ class _Job:
 class PolluxPolicy:
     name = "pollux"
     adapts_batch_size = True
+    decides_on_arrival = False
 
     def __init__(self, restart_delay: float = 30.0, max_nodes_per_job: int = 16):
         self.restart_delay = restart_delay

@@ -73,6 +73,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "shoal-no-adapt-batch": _shoal_ablation(adapt_batch=False),
     "shoal-no-restart-aware": _shoal_ablation(restart_aware=False),
     "shoal-no-remaining-work": _shoal_ablation(remaining_work=False),
+    "shoal-no-on-arrival": _shoal_ablation(on_arrival=False),
 }
 
 

@@ -50,12 +50,19 @@ class ShoalKnobs:
     p: float = -1.0
     idle_speedup: float = 1.1**-2  # utility of no devices, as a speedup below the smallest
     alpha: float = 0.5  # 0: fairness only; 1: strongly shortest-remaining-first
+    # "rank": remaining-work weights from heSRPT's optimal shares by rank (see _rank_weights)
+    # with an assumed speedup exponent ``sigma``; "power": (1 + R/H)^-alpha.
+    weighting: str = "power"
+    sigma: float = 0.5
+    unknown_rank: str = "least"
     restart_delay: float = 30.0
     growth: float = 4.0  # how far beyond its largest measured size a job may be grown
     heterogeneity: bool = True
     adapt_batch: bool = True
     restart_aware: bool = True
     remaining_work: bool = True
+    # Decide as soon as a job arrives (a decision takes milliseconds), not only every round.
+    on_arrival: bool = True
     # Speedups relative to a job's smallest configuration (Sia) or to its best configuration
     # within an equal share of the cluster (Pollux); see the module docstring.
     baseline: str = "smallest"
@@ -70,17 +77,45 @@ class ShoalPolicy:
             knobs = ShoalKnobs(**{**knobs.__dict__, **overrides})
         self.knobs = knobs
         self.adapts_batch_size = knobs.adapt_batch
+        self.decides_on_arrival = knobs.on_arrival
         self._waiting_since: dict[str, float] = {}
         self.last_status = ""
 
-    def _weight(self, job: JobView, now: float) -> float:
+    @staticmethod
+    def _remaining(job: JobView) -> float:
+        progress = job.hints.progress
+        attained = job.attained_service
+        return attained * (1 - progress) / progress if progress > 0 else attained
+
+    def _rank_weights(self, jobs: Sequence[JobView]) -> dict[str, float]:
+        """heSRPT (Berg et al. 2020): with speedup n^sigma and no arrivals, the mean-JCT optimal
+        share of the k-th largest of M remaining jobs is (k/M)^c - ((k-1)/M)^c, c = 1/(1-sigma).
+        The weight that makes this objective's optimum give that share is share^(1 - p sigma)."""
+        k = self.knobs
+        remaining = {job.name: self._remaining(job) for job in jobs}
+        if k.unknown_rank == "median":
+            known = [remaining[j.name] for j in jobs if j.hints.progress > 0]
+            if known:
+                middle = float(np.median(known))
+                for job in jobs:
+                    if job.hints.progress <= 0:
+                        remaining[job.name] = middle
+        order = sorted(jobs, key=lambda job: remaining[job.name], reverse=True)
+        m, c = len(order), 1.0 / (1.0 - k.sigma)
+        out = {}
+        for rank, job in enumerate(order, start=1):
+            share = (rank / m) ** c - ((rank - 1) / m) ** c
+            out[job.name] = share ** (1.0 - k.p * k.sigma)
+        return out
+
+    def _weight(self, job: JobView, now: float, rank_weight: float | None) -> float:
         k = self.knobs
         weight = job.spec.weight
         if k.remaining_work:
-            progress = job.hints.progress
-            attained = job.attained_service
-            remaining = attained * (1 - progress) / progress if progress > 0 else attained
-            weight *= (1 + remaining / DEVICE_HOUR) ** (-k.alpha)
+            if rank_weight is not None:
+                weight *= rank_weight
+            else:
+                weight *= (1 + self._remaining(job) / DEVICE_HOUR) ** (-k.alpha)
         if job.allocation is None:
             since = self._waiting_since.setdefault(job.name, now)
             weight *= 1 + (now - since) / DEVICE_HOUR
@@ -101,8 +136,9 @@ class ShoalPolicy:
         fair = max(capacity // len(jobs), 1)
         indices = [candidates(job, table, max_replicas(job, capacity, k.growth)) for job in jobs]
         goodputs = goodput_rows(jobs, table, indices, fixed_batch=not k.adapt_batch)
+        ranked = self._rank_weights(jobs) if k.weighting == "rank" else {}
         for j, job in enumerate(jobs):
-            weight = self._weight(job, now)
+            weight = self._weight(job, now, ranked.get(job.name))
             idle[j] = sign * weight * k.idle_speedup**k.p
             index, goodput = indices[j], goodputs[j]
             if not k.heterogeneity and job.hints.goodput:

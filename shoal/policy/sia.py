@@ -28,6 +28,7 @@ from shoal.policy.goodput_matrix import (
 class SiaPolicy:
     name = "sia"
     adapts_batch_size = True
+    decides_on_arrival = False
 
     def __init__(self, p: float = -0.5, no_alloc_penalty: float = 1.1,
                  restart_delay: float = 30.0):

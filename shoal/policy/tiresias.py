@@ -16,6 +16,7 @@ from shoal.core.types import ClusterState, Decision, Grant, JobView
 class TiresiasPolicy:
     name = "tiresias"
     adapts_batch_size = False
+    decides_on_arrival = False
 
     def __init__(self, queue_threshold: float = 3600 * 16):
         self.queue_threshold = queue_threshold

@@ -97,6 +97,7 @@ class Runner:
         self._saved_terminal: set[str] = set()
         self.decisions = DecisionLog()  # why each job holds what it holds
         self._stop = threading.Event()
+        self._arrived = threading.Event()  # wakes the loop early for policies that want it
         self._thread: threading.Thread | None = None
         self.started_at = time.time()
         self._recover()
@@ -186,6 +187,8 @@ class Runner:
             self.seq[spec.name] = max(self.seq.values(), default=-1) + 1
             record = self.scheduler.submit(spec)
             self._persist()
+            if getattr(self.scheduler.policy, "decides_on_arrival", False):
+                self._arrived.set()
             return self.describe(record)
 
     def cancel(self, name: str) -> dict[str, Any]:
@@ -203,14 +206,14 @@ class Runner:
             return self.backend.report(name, payload)
 
     # ----- the loop -----
-    def round(self) -> None:
+    def round(self, trigger: str = "interval") -> None:
         with self.lock:
             self._drop_lost_nodes()
             for name, limits in self.backend.learned_limits().items():
                 record = self.scheduler.records.get(name)
                 if record is not None and record.active:
                     record.limits = limits
-            self.scheduler.round()
+            self.scheduler.round(trigger)
             try:
                 self.decisions.note(self.scheduler, self.backend.now())
             except Exception:  # an explanation never stops a round from being saved
@@ -242,21 +245,29 @@ class Runner:
         self._thread.start()
 
     def _loop(self) -> None:
+        trigger = "interval"
+        next_round = time.monotonic()
         while not self._stop.is_set():
             try:
-                self.round()
+                self.round(trigger)
             except Exception:  # keep scheduling; the traceback is in the service log
                 log.exception("scheduling round failed")
-            self._between_rounds(time.monotonic() + self.config.interval_s)
+            if trigger == "interval":
+                next_round = time.monotonic() + self.config.interval_s
+            trigger = self._between_rounds(next_round)
 
-    def _between_rounds(self, next_round: float, every_s: float = 0.1) -> None:
+    def _between_rounds(self, next_round: float, every_s: float = 0.1) -> str:
         """Until the next round, let the backend move resizes along (process exits, warm
-        replicas) every ``every_s`` seconds, so a resize does not wait for a round."""
+        replicas) every ``every_s`` seconds, so a resize does not wait for a round. Returns
+        early, with "arrival", when a job arrived for a policy that decides on arrival."""
         poll = getattr(self.backend, "poll", None)
         while not self._stop.is_set():
+            if self._arrived.is_set():
+                self._arrived.clear()
+                return "arrival"
             left = next_round - time.monotonic()
             if left <= 0:
-                return
+                return "interval"
             self._stop.wait(min(every_s, left))
             if poll is not None:
                 try:
@@ -264,6 +275,7 @@ class Runner:
                         poll()
                 except Exception:
                     log.exception("polling the backend failed")
+        return "interval"
 
     def shutdown(self, timeout_s: float = 60.0) -> None:
         """Stop the loop, checkpoint every running job (they resume at the next start)."""

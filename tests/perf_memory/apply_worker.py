@@ -18,6 +18,7 @@ the loss of the global batch after each step. Each rank writes ``OUT.json.<rank>
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -76,6 +77,9 @@ def _measured_step(applied: AppliedPlan, optimizer: torch.optim.Optimizer,
             after_forward = after_forward or _snapshot(tracker, "current")
             (loss / applied.plan.accumulation).backward()
             tracker.reset_mod_stats()  # MemTracker follows one forward per module at a time
+        # Tensors held only by reference cycles are freed whenever the cyclic collector next
+        # runs; collect them now so the snapshot is the state that stays resident.
+        gc.collect()
         after_backward = _snapshot(tracker, "current")
         optimizer.step()
         applied.zero_grad(optimizer)

@@ -193,3 +193,54 @@ def test_batched_goodput_equals_per_model_optimize():
     single = [models[m].optimize(int(n), int(r)).goodput
               for m, n, r in zip(model_of, nodes, replicas, strict=True)]
     assert batched == pytest.approx(np.array(single), rel=1e-12)
+
+
+@pytest.mark.parametrize("sigma,p", [(0.5, -1.0), (0.3, -0.5), (0.7, 0.5)])
+def test_rank_weights_make_the_objective_optimum_the_hesrpt_shares(sigma, p):
+    # Continuous relaxation with speedup n^sigma: minimise sum_k w_k (n_k^sigma)^p (maximise
+    # for p > 0) over shares n summing to 1. Its optimum must be heSRPT's allocation.
+    from scipy.optimize import minimize
+
+    policy = ShoalPolicy(weighting="rank", sigma=sigma, p=p)
+    jobs = [_view(f"j{i}", progress=0.5, attained=600.0 * (i + 1)) for i in range(5)]
+    weights = policy._rank_weights(jobs)
+    ordered = sorted(jobs, key=lambda j: j.attained_service, reverse=True)  # largest first
+    m, c = len(jobs), 1 / (1 - sigma)
+    hesrpt = np.array([(k / m) ** c - ((k - 1) / m) ** c for k in range(1, m + 1)])
+    w = np.array([weights[j.name] for j in ordered])
+    sign = 1.0 if p < 0 else -1.0
+
+    def objective(z):
+        n = np.exp(z) / np.exp(z).sum()
+        return sign * float(np.sum(w * n ** (sigma * p)))
+
+    found = minimize(objective, np.zeros(m), method="BFGS", options={"gtol": 1e-12})
+    shares = np.exp(found.x) / np.exp(found.x).sum()
+    assert shares == pytest.approx(hesrpt, rel=1e-3)
+    assert np.all(np.diff(shares) > 0)  # less remaining work, larger share
+
+
+def test_rank_weighting_gives_the_job_closest_to_done_more_devices():
+    short = _view("short", progress=0.9, attained=3600.0)
+    long = _view("long", progress=0.1, attained=3600.0)
+    for order in ([short, long], [long, short]):
+        decision = ShoalPolicy(weighting="rank").decide(order, THREE_NODES, 0.0)
+        assert decision["short"].replicas > decision["long"].replicas
+
+
+def test_a_move_that_can_never_pay_for_its_restart_is_not_chosen():
+    # Restarted more often than its age covers: any move has restart factor 0 (infinite cost
+    # at p < 0). The solver skips those moves: the job stays where it is or, when another job
+    # gains more from its device, waits (a preemption, not a move).
+    from dataclasses import replace
+
+    from shoal.core.types import Allocation
+
+    stuck = replace(_view("stuck", progress=0.5, attained=600.0), num_restarts=40,
+                    allocation=Allocation("t4", (0,)), state=JobState.RUNNING)
+    for policy in (ShoalPolicy(), ShoalPolicy(weighting="rank")):
+        decision = policy.decide([stuck, _view("new")], THREE_NODES, 0.0)
+        assert decision["new"].replicas > 1
+        if "stuck" in decision:
+            assert (decision["stuck"].device_type, decision["stuck"].nodes) == ("t4", (0,))
+    assert "stuck" in ShoalPolicy().decide([stuck, _view("new")], THREE_NODES, 0.0)

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import logging
 import signal as signals
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,7 +91,7 @@ class RayReplica:
             self._append(f"shoal: the replica's Ray actor ended ({self._error})\n".encode())
             code = EXIT_VANISHED
         else:
-            self.pump_log(wait_s=_FINAL_LOG_WAIT_S)
+            self._drain_log(_FINAL_LOG_WAIT_S)
         self._exit = code
         return code
 
@@ -133,6 +134,13 @@ class RayReplica:
             self._append(f"shoal: {start - self._offset} bytes of output were dropped\n".encode())
         self._append(data)
         self._offset = start + len(data)
+
+    def _drain_log(self, wait_s: float) -> None:
+        """After the command ended: a read still in flight was issued before its last output,
+        so take that one and then one more from the new offset."""
+        deadline = time.monotonic() + wait_s
+        for _ in range(2):
+            self.pump_log(wait_s=max(0.0, deadline - time.monotonic()))
 
     def _append(self, data: bytes) -> None:
         if data:

@@ -81,12 +81,26 @@ def _simulate(jobs, policy, cluster, profiles, interval, restart_delay, seed, ma
         regime = spec.model_copy(update={"adaptive_batch": policy.adapts_batch_size})
         scheduler.submit(regime)
     timed_out = False
+    arrivals = sorted({s.submit_time for s in jobs}) if getattr(
+        policy, "decides_on_arrival", False) else []
+    next_arrival = 0
+    next_round = backend.now() + interval
     while scheduler.unfinished():
-        if backend.now() >= max_time:
+        now = backend.now()
+        if now >= max_time:
             timed_out = True
             break
-        backend.advance(interval)
-        scheduler.round()
+        while next_arrival < len(arrivals) and arrivals[next_arrival] <= now:
+            next_arrival += 1
+        until = next_round
+        if next_arrival < len(arrivals) and arrivals[next_arrival] < next_round:
+            until = arrivals[next_arrival]
+        backend.advance(until - now)
+        if until >= next_round:
+            next_round += interval
+            scheduler.round()
+        else:
+            scheduler.round(trigger="arrival")
         if on_round is not None:
             done = len(scheduler.records) - len(scheduler.unfinished())
             on_round(backend.now(), done, len(scheduler.records))
@@ -113,8 +127,9 @@ def _isolated_jcts(result: SimResult, backend: SimBackend) -> dict[str, float]:
     for rec in result.records:
         if rec.finish_time is None or rec.limits is None or rec.failure or rec.spec.kind != "train":
             continue
-        window = [r.active_jobs for r in result.rounds
-                  if rec.spec.submit_time <= r.time <= rec.finish_time]
+        # Periodic rounds only: rounds run at arrivals would over-count contention.
+        window = [r.active_jobs for r in result.rounds if r.trigger == "interval"
+                  and rec.spec.submit_time <= r.time <= rec.finish_time]
         contention = max(sum(window) / len(window), 1.0) if window else 1.0
         share = max(1, int(capacity / contention))
         job = backend.jobs[rec.name]
@@ -131,3 +146,4 @@ def _isolated_jcts(result: SimResult, backend: SimBackend) -> dict[str, float]:
         out[rec.name] = isolated_jct(job.app, rec.limits, batch, share, per_node, dtype,
                                      backend.restart_delay, rec.spec.target_epochs)
     return out
+

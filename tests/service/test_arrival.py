@@ -1,0 +1,18 @@
+"""The service decides when a job arrives for a policy that asks for it, not a round later."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tests.service.helpers import job_yaml, running_service, wait_until
+
+
+def test_a_submitted_job_is_placed_without_waiting_for_the_next_round(tmp_path: Path) -> None:
+    # Rounds every 10 minutes: only the arrival can place the job within the test.
+    with running_service(tmp_path / "home", policy="shoal", interval=600.0) as service:
+        time.sleep(1.0)  # the service's first round has run on an empty cluster
+        assert service.submit(job_yaml("early", epochs=50)).status_code == 201
+        wait_until(lambda: service.job("early")["state"] in ("restarting", "running"), 30,
+                   "the job placed at its arrival", service.diagnostics)
+        service.http.post(f"{service.url}/api/jobs/early/cancel").raise_for_status()

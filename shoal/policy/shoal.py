@@ -13,11 +13,26 @@ replicas; whole nodes across nodes, powers of two within one), with binary x[j, 
   sum of ``w s^p`` is maximized; p = 1 is total goodput, p -> 0 proportional fairness, p < 0
   fairer still); no devices count as a speedup of ``idle_speedup`` < 1, so any allocation
   beats none (with p = -0.5 and 1.1^-2 this is Sia's penalty lambda = 1.1);
-* ``w_j = weight_j * (1 + R_j / H)^(-alpha) * (1 + Q_j / H)`` where ``R_j`` estimates the
-  remaining device-seconds from progress and attained service (least attained service when
-  nothing is known), ``Q_j`` is time spent waiting without devices, ``H`` one device-hour and
-  ``alpha`` the knob between fairness (0) and average JCT (1). The waiting term grows without
-  bound, so no job starves: a waiting job's weight eventually exceeds any running job's.
+* ``w_j = weight_j * r_j * (1 + Q_j / H)``: ``Q_j`` is time spent waiting without devices and
+  ``H`` one device-hour. The waiting term grows without bound, so no job starves: a waiting
+  job's weight eventually exceeds any running job's.
+* ``r_j`` turns remaining work into priority. ``R_j`` estimates j's remaining device-seconds
+  from progress and attained service (least attained service while nothing is known).
+  With ``weighting="rank"`` (default), r_j follows heSRPT (Berg, Vesilo and Harchol-Balter,
+  2020): for jobs whose speedup on n devices is n^sigma, all present, the allocation that
+  minimizes mean JCT gives the k-th largest of M remaining jobs the share
+  (k/M)^c - ((k-1)/M)^c with c = 1/(1 - sigma): jobs finish in SRPT order, yet every job
+  keeps some devices, because strict priority wastes the long jobs' efficient first devices.
+  For s = n^sigma this objective's continuous optimum gives job j a share proportional to
+  w_j^(1/(1 - p sigma)), so r_j = share_j^(1 - p sigma) makes that optimum heSRPT's; the
+  MILP then corrects it with each job's measured goodput curves, device types and restart
+  costs. With ``weighting="power"``, r_j = (1 + R_j / H)^(-alpha): ``alpha`` trades fairness
+  (0) against average JCT.
+
+Two scheduling choices go with the objective. The restart factor charges a move
+``restart_delay`` (default 120 s, four times the simulated checkpoint-restore), which damps
+reallocations when jobs swap ranks. And the policy asks to decide when a job arrives, not only
+at the next round (``on_arrival``), since one decision takes milliseconds.
 
 Subject to: at most one configuration per job, per type the replicas and the whole nodes of
 multi-node configurations within the type's devices and nodes, jobs' replica bounds, rigid
@@ -28,6 +43,7 @@ the optimum of the scheduling problem as stated; HiGHS solves it exactly.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -52,10 +68,9 @@ class ShoalKnobs:
     alpha: float = 0.5  # 0: fairness only; 1: strongly shortest-remaining-first
     # "rank": remaining-work weights from heSRPT's optimal shares by rank (see _rank_weights)
     # with an assumed speedup exponent ``sigma``; "power": (1 + R/H)^-alpha.
-    weighting: str = "power"
+    weighting: str = "rank"
     sigma: float = 0.5
-    unknown_rank: str = "least"
-    restart_delay: float = 30.0
+    restart_delay: float = 120.0
     growth: float = 4.0  # how far beyond its largest measured size a job may be grown
     heterogeneity: bool = True
     adapt_batch: bool = True
@@ -93,19 +108,14 @@ class ShoalPolicy:
         The weight that makes this objective's optimum give that share is share^(1 - p sigma)."""
         k = self.knobs
         remaining = {job.name: self._remaining(job) for job in jobs}
-        if k.unknown_rank == "median":
-            known = [remaining[j.name] for j in jobs if j.hints.progress > 0]
-            if known:
-                middle = float(np.median(known))
-                for job in jobs:
-                    if job.hints.progress <= 0:
-                        remaining[job.name] = middle
         order = sorted(jobs, key=lambda job: remaining[job.name], reverse=True)
         m, c = len(order), 1.0 / (1.0 - k.sigma)
         out = {}
-        for rank, job in enumerate(order, start=1):
-            share = (rank / m) ** c - ((rank - 1) / m) ** c
-            out[job.name] = share ** (1.0 - k.p * k.sigma)
+        for _, tied in itertools.groupby(order, key=lambda job: remaining[job.name]):
+            group = [job.name for job in tied]  # equal remaining work: equal shares
+            first = len(out)
+            share = (((first + len(group)) / m) ** c - (first / m) ** c) / len(group)
+            out.update(dict.fromkeys(group, share ** (1.0 - k.p * k.sigma)))
         return out
 
     def _weight(self, job: JobView, now: float, rank_weight: float | None) -> float:

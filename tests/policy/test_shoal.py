@@ -106,7 +106,7 @@ def test_remaining_work_knob_prefers_the_shorter_job():
     short = _view("short", progress=0.9, attained=3600.0)  # ~400 device-seconds left
     long = _view("long", progress=0.1, attained=3600.0)  # ~9 device-hours left
     for order in ([short, long], [long, short]):
-        srpt = ShoalPolicy(alpha=1.0).decide(order, THREE_NODES, 0.0)
+        srpt = ShoalPolicy(weighting="power", alpha=1.0).decide(order, THREE_NODES, 0.0)
         assert (srpt["short"].replicas, srpt["long"].replicas) == (8, 4)
 
 
@@ -238,9 +238,10 @@ def test_a_move_that_can_never_pay_for_its_restart_is_not_chosen():
 
     stuck = replace(_view("stuck", progress=0.5, attained=600.0), num_restarts=40,
                     allocation=Allocation("t4", (0,)), state=JobState.RUNNING)
-    for policy in (ShoalPolicy(), ShoalPolicy(weighting="rank")):
+    for policy in (ShoalPolicy(weighting="power"), ShoalPolicy(weighting="rank")):
         decision = policy.decide([stuck, _view("new")], THREE_NODES, 0.0)
         assert decision["new"].replicas > 1
         if "stuck" in decision:
             assert (decision["stuck"].device_type, decision["stuck"].nodes) == ("t4", (0,))
-    assert "stuck" in ShoalPolicy().decide([stuck, _view("new")], THREE_NODES, 0.0)
+    assert "stuck" in ShoalPolicy(weighting="power").decide([stuck, _view("new")], THREE_NODES,
+                                                            0.0)

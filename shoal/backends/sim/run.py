@@ -121,8 +121,14 @@ def _simulate(jobs, policy, cluster, profiles, interval, restart_delay, seed, ma
 
 
 def _isolated_jcts(result: SimResult, backend: SimBackend) -> dict[str, float]:
-    """Each finished job's JCT alone on 1/n of the cluster (n: its average contention)."""
-    capacity = result.cluster.total_devices
+    """Each finished job's JCT alone on 1/n of the cluster (n: its average contention).
+
+    1/n of a mixed cluster is 1/n of every device type; alone there, a job runs on whichever
+    type of its share finishes it first (as in Gavel's heterogeneous finish-time fairness).
+    """
+    cluster = result.cluster
+    capacity = {t: sum(n.devices_per_node * n.count for n in cluster.nodes
+                       if n.device_type == t) for t in {n.device_type for n in cluster.nodes}}
     out = {}
     for rec in result.records:
         if rec.finish_time is None or rec.limits is None or rec.failure or rec.spec.kind != "train":
@@ -131,19 +137,19 @@ def _isolated_jcts(result: SimResult, backend: SimBackend) -> dict[str, float]:
         window = [r.active_jobs for r in result.rounds if r.trigger == "interval"
                   and rec.spec.submit_time <= r.time <= rec.finish_time]
         contention = max(sum(window) / len(window), 1.0) if window else 1.0
-        share = max(1, int(capacity / contention))
+        allowed = set(rec.spec.device_types or capacity)
+        shares = {t: max(1, int(c / contention)) for t, c in capacity.items() if t in allowed}
         job = backend.jobs[rec.name]
-        if isinstance(job, PlannedSimJob):
-            first = rec.history[0][1] if rec.history and rec.history[0][1] else None
-            alone = job.isolated_jct(share, first.device_type if first else next(iter(job.models)))
-            if alone is not None:
-                out[rec.name] = alone
-            continue
-        dtype = rec.history[0][1].device_type if rec.history and rec.history[0][1] else (
-            job.app.device_types[0])
-        batch = rec.spec.batch_size or rec.limits.init_batch_size
-        per_node = backend.per_node_by_type.get(dtype, max(backend.per_node_by_type.values()))
-        out[rec.name] = isolated_jct(job.app, rec.limits, batch, share, per_node, dtype,
-                                     backend.restart_delay, rec.spec.target_epochs)
+        times = []
+        for dtype, share in sorted(shares.items()):
+            if isinstance(job, PlannedSimJob):
+                times.append(job.isolated_jct(share, dtype) if dtype in job.models else None)
+            elif dtype in job.app.devices:
+                batch = rec.spec.batch_size or rec.limits.init_batch_size
+                times.append(isolated_jct(job.app, rec.limits, batch, share,
+                                          backend.per_node_by_type[dtype], dtype,
+                                          backend.restart_delay, rec.spec.target_epochs))
+        known = [t for t in times if t is not None]
+        if known:
+            out[rec.name] = min(known)
     return out
-

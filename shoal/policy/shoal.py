@@ -63,7 +63,7 @@ DEVICE_HOUR = 3600.0
 
 @dataclass(frozen=True)
 class ShoalKnobs:
-    p: float = -1.0
+    p: float = -0.5
     idle_speedup: float = 1.1**-2  # utility of no devices, as a speedup below the smallest
     alpha: float = 0.5  # 0: fairness only; 1: strongly shortest-remaining-first
     # "rank": remaining-work weights from heSRPT's optimal shares by rank (see _rank_weights)

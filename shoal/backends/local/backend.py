@@ -114,6 +114,7 @@ class LocalBackend:
 
     def apply(self, changes: Sequence[Change]) -> None:
         now = self.now()
+        self.assign_slots(changes)
         for change in changes:
             service = self.services.get(change.job)
             if service is not None:
@@ -125,6 +126,24 @@ class LocalBackend:
                 continue
             job.set_target(change.allocation, change.batch_size)
             job.tick(now)
+
+    def assign_slots(self, changes: Sequence[Change]) -> None:
+        """Give each changed job concrete slots: the lowest ones no unchanged job holds.
+
+        The core never grants more replicas than slots, so they fit. A resize's old processes
+        may still hold their slots for the moment it takes them to checkpoint and exit.
+        """
+        changing = {c.job for c in changes}
+        holders: dict[str, LocalJob | LocalServeJob] = {**self.jobs, **self.services}
+        busy = {slot for name, holder in holders.items()
+                if name not in changing and not holder.terminal for slot in holder.slot_ids}
+        free = [slot for slot in range(self.pool.slots) if slot not in busy]
+        for change in changes:
+            holder = holders.get(change.job)
+            if holder is None:
+                continue
+            count = change.allocation.num_replicas if change.allocation is not None else 0
+            holder.slot_ids, free = tuple(free[:count]), free[count:]
 
     # ----- beyond the protocol -----
     def poll(self) -> None:

@@ -102,6 +102,7 @@ class LocalJob:
     standby_allocation: Allocation | None = None
     standby_since: float = 0.0
     standby_go: Path | None = None
+    slot_ids: tuple[int, ...] = ()  # the pool's slots (GPU indices) the target runs on
     _resizing: bool = False
     _last_tick: float = field(default_factory=time.time)
 
@@ -208,8 +209,9 @@ class LocalJob:
         if local_bounds:
             env["SHOAL_MAX_LOCAL_BSZ"] = str(min(local_bounds))
         if pool.gpu_ids:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(pool.gpu_ids[i]) for i in range(
-                allocation.num_replicas))
+            # The job's own GPUs in rank order, so LOCAL_RANK indexes them (torchrun's way).
+            slots = self.slot_ids or tuple(range(allocation.num_replicas))
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(pool.gpu_ids[s]) for s in slots)
         return env
 
     def _model_batch(self, allocation: Allocation) -> int | None:

@@ -91,6 +91,7 @@ class LocalServeJob:
     _scored: tuple[int, int] = (0, 0)  # (answered, good) by routers that are gone
     _router_scored: tuple[int, int] = (0, 0)  # ... and by the current one
     metrics: dict[str, Any] = field(default_factory=dict)  # the last status' measurements
+    slot_ids: tuple[int, ...] = ()  # the pool's slots its replicas hold
 
     @property
     def name(self) -> str:

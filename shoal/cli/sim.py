@@ -45,12 +45,16 @@ def run_one(task: dict[str, Any]) -> dict[str, Any]:
     from shoal.backends.sim.run import simulate
     from shoal.metrics.report import summarize
     from shoal.policy import make_policy
+    from shoal.policy.shoal import ShoalPolicy
     from shoal.spec import load_cluster, load_workload_csv
 
     jobs = load_workload_csv(task["workload"])
+    policy = make_policy(task["policy"])
+    if task.get("knobs") and isinstance(policy, ShoalPolicy):
+        policy = policy.tuned(**task["knobs"])
     result = simulate(
         jobs,
-        make_policy(task["policy"]),
+        policy,
         load_cluster(task["cluster"]),
         ProfileLibrary(task["profiles"]),
         interval=task["interval"],
@@ -103,11 +107,15 @@ def _by_policy(reports: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
               help="seconds a job loses at every (re)start")
 @click.option("--jobs", "parallel", default=1, show_default=True, type=int,
               help="simulations run in parallel processes")
+@click.option("--knob", "knobs", multiple=True, metavar="KEY=VALUE",
+              help="override a knob of the shoal policies (ShoalKnobs), e.g. restart_delay=30; "
+                   "repeatable")
 def sim_command(workload, policy, cluster, profiles, json_out, plot_out, seed, interval,
-                restart_delay, parallel) -> None:
+                restart_delay, parallel, knobs) -> None:
     """Simulate a workload trace under one or more policies and compare them."""
     from shoal.backends.sim.locate import default_profiles
     from shoal.policy import POLICIES
+    from shoal.policy.shoal import ShoalPolicy
     from shoal.spec import load_cluster
 
     to_stdout = json_out == Path("-")
@@ -125,11 +133,16 @@ def sim_command(workload, policy, cluster, profiles, json_out, plot_out, seed, i
         if not Path(profile_dir).is_dir():
             raise SpecError(f"profile directory {profile_dir} does not exist", field="profiles")
         files = _workloads(workload)
+        overrides = ShoalPolicy.parse_knobs(knobs)
+        if overrides and not any(p == "shoal" or p.startswith("shoal-") for p in policies):
+            raise SpecError("--knob tunes the shoal policies; add one to --policy",
+                            field="knob")
     except SpecError as exc:
         raise click.UsageError(str(exc)) from exc
     tasks = [
         {"workload": str(f), "policy": p, "cluster": cluster, "profiles": str(profile_dir),
-         "interval": interval, "restart_delay": restart_delay, "seed": seed}
+         "interval": interval, "restart_delay": restart_delay, "seed": seed,
+         "knobs": overrides}
         for f in files for p in policies
     ]
     reports: list[dict[str, Any]] = []

@@ -57,6 +57,7 @@ from shoal.policy.goodput_matrix import (
     max_replicas,
     restart_factors,
 )
+from shoal.spec.errors import SpecError
 
 DEVICE_HOUR = 3600.0
 
@@ -95,6 +96,36 @@ class ShoalPolicy:
         self.decides_on_arrival = knobs.on_arrival
         self._waiting_since: dict[str, float] = {}
         self.last_status = ""
+
+    def tuned(self, **overrides: object) -> ShoalPolicy:
+        """This policy (same name) with some knobs changed."""
+        policy = ShoalPolicy(self.knobs, **overrides)
+        policy.name = self.name
+        return policy
+
+    @staticmethod
+    def parse_knobs(pairs: Sequence[str]) -> dict[str, object]:
+        """``KEY=VALUE`` strings as knob overrides, typed like the knobs' defaults."""
+        defaults = ShoalKnobs().__dict__
+        out: dict[str, object] = {}
+        for pair in pairs:
+            key, sep, raw = pair.partition("=")
+            key = key.strip().replace("-", "_")
+            if not sep or key not in defaults:
+                raise SpecError(f"'{pair}' is not KEY=VALUE with KEY one of "
+                                f"{', '.join(defaults)}", field="knob")
+            kind = type(defaults[key])
+            try:
+                if kind is bool:
+                    if raw.lower() not in ("true", "false", "1", "0"):
+                        raise ValueError(raw)
+                    out[key] = raw.lower() in ("true", "1")
+                else:
+                    out[key] = kind(raw)
+            except ValueError:
+                raise SpecError(f"knob {key} takes a {kind.__name__}, not '{raw}'",
+                                field="knob") from None
+        return out
 
     @staticmethod
     def _remaining(job: JobView) -> float:

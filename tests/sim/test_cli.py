@@ -33,3 +33,29 @@ def test_sim_command_names_bad_arguments(tmp_path, pollux_data):
     result = runner.invoke(cli, ["sim", "--workload", str(pollux_data / "workloads"),
                                  "--policy", "nope"])
     assert result.exit_code == 2 and "unknown policy" in result.output
+
+
+def test_sim_knobs_tune_shoal_and_bad_knobs_are_named(tmp_path, pollux_data):
+    workload = tmp_path / "w.csv"
+    lines = (pollux_data / "workloads" / "workload-1.csv").read_text().splitlines()[:9]
+    workload.write_text("\n".join(lines) + "\n")
+    runner = CliRunner()
+    base = ["sim", "--workload", str(workload), "--policy", "shoal",
+            "--profiles", str(pollux_data / "traces"), "--json", "-"]
+    default = json.loads(runner.invoke(cli, base).stdout)
+    # Arrival decisions off: jobs that arrive between rounds now wait for the next one.
+    rounds_only = runner.invoke(cli, [*base, "--knob", "on_arrival=false"])
+    assert rounds_only.exit_code == 0, rounds_only.output
+    tuned = json.loads(rounds_only.stdout)
+    assert tuned["summary"]["policy"] == "shoal"
+
+    def waits(report):
+        return sum(j["start_s"] - j["submit_s"] for j in report["jobs"])
+
+    assert waits(tuned) > waits(default)
+    for knob, message in [("nope=1", "knob"), ("restart_delay=soon", "takes a float"),
+                          ("on_arrival=maybe", "takes a bool")]:
+        result = runner.invoke(cli, [*base, "--knob", knob])
+        assert result.exit_code == 2 and message in result.output, result.output
+    result = runner.invoke(cli, [*base[:4], "pollux", *base[5:], "--knob", "p=-1"])
+    assert result.exit_code == 2 and "add one to --policy" in result.output

@@ -245,3 +245,30 @@ def test_a_move_that_can_never_pay_for_its_restart_is_not_chosen():
             assert (decision["stuck"].device_type, decision["stuck"].nodes) == ("t4", (0,))
     assert "stuck" in ShoalPolicy(weighting="power").decide([stuck, _view("new")], THREE_NODES,
                                                             0.0)
+
+
+def test_a_waiting_job_gets_devices_by_the_no_starvation_bound():
+    # docs/theory.md, no starvation: a waiting job j displaces a running job k once
+    # w_j r_j (1 + Q_j/H) > w_k r_k. One device, held by the job closer to done: under rank
+    # weights (M = 2) r_k / r_j = (3/4 / 1/4)^(1 - p sigma), so j waits about 2.9 hours.
+    from dataclasses import replace
+
+    from shoal.core.types import Allocation
+    from shoal.policy.shoal import DEVICE_HOUR
+    from shoal.spec.cluster import NodeInfo
+
+    one = ClusterState((NodeInfo(0, "t4", 1),))
+    holder = replace(_view("holder", progress=0.9, attained=3600.0),
+                     allocation=Allocation("t4", (0,)), state=JobState.RUNNING)
+    waiting = _view("waiting", progress=0.1, attained=3600.0)
+    policy = ShoalPolicy()
+    k = policy.knobs
+    ratio = 3.0 ** (1 - k.p * k.sigma)
+    threshold = (ratio - 1) * DEVICE_HOUR
+    assert set(policy.decide([holder, waiting], one, 0.0)) == {"holder"}
+    assert set(policy.decide([holder, waiting], one, 0.98 * threshold)) == {"holder"}
+    assert set(policy.decide([holder, waiting], one, 1.02 * threshold)) == {"waiting"}
+    # The general bound (any cluster): Q* = H (K w_k r_k / (w_j r_j) - 1), K = s0^p/(s0^p - 1).
+    s0p = k.idle_speedup ** k.p
+    bound = DEVICE_HOUR * (s0p / (s0p - 1) * ratio - 1)
+    assert bound >= threshold

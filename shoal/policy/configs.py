@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+from scipy.optimize import Bounds, LinearConstraint, OptimizeResult, linprog, milp
 from scipy.sparse import coo_matrix, csr_matrix
 
 from shoal.core.types import Allocation, ClusterState
@@ -198,9 +198,16 @@ def solve_rows(
     for t, dtype in enumerate(device_types):
         upper[jobs + 2 * t] = cluster.capacity(dtype)
         upper[jobs + 2 * t + 1] = len(cluster.nodes_of(dtype))
-    x, value, status = _solve_relaxation(objective, matrix, upper, sorted(forced))
-    if x is None:
-        x, value, status = _solve_integer(objective, matrix, upper, sorted(forced), time_limit)
+    pinned = sorted(forced)
+    relaxation = _solve_relaxation(objective, matrix, upper, pinned)
+    x = _integral(relaxation, matrix, upper, pinned)
+    if x is not None:
+        value, status = float(objective @ x), "optimal"
+    elif relaxation is not None:
+        x, value, status = _solve_with_fixing(relaxation, objective, matrix, upper, pinned,
+                                              time_limit)
+    else:
+        x, value, status = _solve_integer(objective, matrix, upper, pinned, time_limit)
     choice: list[int | None] = [None] * jobs
     for var in np.nonzero(x > 0.5)[0]:
         choice[js[var]] = int(cs[var])
@@ -208,13 +215,12 @@ def solve_rows(
 
 
 def _solve_relaxation(objective: np.ndarray, matrix: csr_matrix, upper: np.ndarray,
-                      forced: list[int]) -> tuple[np.ndarray | None, float, str]:
-    """The LP relaxation; its solution when integral, which is then a MILP optimum.
+                      forced: list[int]) -> OptimizeResult | None:
+    """The LP relaxation at an optimal vertex (interior point, then crossover), or None.
 
-    The relaxation's optimum bounds the MILP's from below, so an integral LP optimum is an
-    integral optimum. On these multiple-choice problems with a few capacity rows it usually
-    is integral (a vertex has at most as many fractional jobs as there are capacity rows), and
-    HiGHS's interior point with crossover finds it 2-3x faster than branch and bound starts.
+    On these multiple-choice problems with a few capacity rows its optimum is often integral
+    (a vertex has at most as many fractional jobs as there are capacity rows), and HiGHS's
+    interior point with crossover finds it 2-3x faster than branch and bound starts.
     """
     is_forced = np.zeros(matrix.shape[0], dtype=bool)
     is_forced[forced] = True
@@ -226,15 +232,69 @@ def _solve_relaxation(objective: np.ndarray, matrix: csr_matrix, upper: np.ndarr
         bounds=(0, 1), method="highs-ipm",
     )
     if result.status != 0 or result.x is None:
-        return None, 0.0, ""
-    x = result.x
+        return None
+    return result
+
+
+def _integral(relaxation: OptimizeResult | None, matrix: csr_matrix, upper: np.ndarray,
+              forced: list[int]) -> np.ndarray | None:
+    """The relaxation's solution when it is integral, which is then a MILP optimum too (the
+    relaxation's optimum bounds the MILP's from below); None otherwise."""
+    if relaxation is None:
+        return None
+    x = relaxation.x
     if np.any((x > _INTEGRAL) & (x < 1 - _INTEGRAL)):
-        return None, 0.0, ""
+        return None
     x = np.round(x)
     usage = matrix @ x
-    if np.any(usage > upper + _INTEGRAL) or np.any(usage[is_forced] < 1):
-        return None, 0.0, ""
-    return x, float(objective @ x), "optimal"
+    if np.any(usage > upper + _INTEGRAL) or np.any(usage[forced] < 1):
+        return None
+    return x
+
+
+def _solve_with_fixing(relaxation: OptimizeResult, objective: np.ndarray, matrix: csr_matrix,
+                       upper: np.ndarray, forced: list[int],
+                       time_limit: float) -> tuple[np.ndarray, float, str]:
+    """Exact MILP optimum from a fractional relaxation, by reduced-cost fixing.
+
+    Rounding the fractional variables down is feasible (every constraint is a packing row
+    with nonnegative coefficients, and pinned jobs have a single, integral variable): value
+    ``incumbent``. LP duality bounds any solution that moves a variable off its LP bound by the
+    relaxation's optimum plus the variable's reduced cost. A variable whose reduced cost
+    exceeds ``incumbent - relaxation`` therefore keeps its bound in every solution better than
+    the incumbent, and is fixed there. The MILP over the remaining variables is small. The
+    result is the better of its optimum and the incumbent.
+    """
+    x = relaxation.x
+    at_one = x > 1 - _INTEGRAL
+    incumbent = at_one.astype(float)
+    bound = float(relaxation.fun)
+    gap = float(objective @ incumbent) - bound
+    slack = 1e-9 * max(1.0, abs(bound))
+    fix_zero = (x < _INTEGRAL) & (relaxation.lower.marginals > gap + slack)
+    fix_one = at_one & (-relaxation.upper.marginals > gap + slack)
+    free = np.nonzero(~(fix_zero | fix_one))[0]
+    best, best_value, status = incumbent, float(objective @ incumbent), "optimal"
+    if len(free):
+        used = matrix @ fix_one.astype(float)
+        lower = np.zeros(matrix.shape[0])
+        lower[forced] = 1.0
+        sub = milp(
+            objective[free],
+            constraints=LinearConstraint(matrix[:, free], lower - used, upper - used),
+            integrality=np.ones(len(free)),
+            bounds=Bounds(0, 1),
+            options={"time_limit": time_limit, "mip_rel_gap": 1e-6, "presolve": False},
+        )
+        if sub.x is not None:
+            candidate = fix_one.astype(float)
+            candidate[free] = np.round(sub.x)
+            value = float(objective @ candidate)
+            if value < best_value:
+                best, best_value = candidate, value
+            if sub.status != 0:
+                status = f"feasible ({sub.message})"
+    return best, best_value, status
 
 
 def _solve_integer(objective: np.ndarray, matrix: csr_matrix, upper: np.ndarray,

@@ -136,18 +136,35 @@ def test_fractional_relaxation_falls_back_to_the_exact_milp(monkeypatch):
     """Two jobs that each want 4 of 6 devices: the LP gives each 3/4 of one; the MILP must not."""
     import shoal.policy.configs as configs_module
 
-    relaxed = []
-    solve_relaxation = configs_module._solve_relaxation
-    monkeypatch.setattr(configs_module, "_solve_relaxation",
-                        lambda *a: relaxed.append(solve_relaxation(*a)[0]) or (None, 0.0, ""))
+    paths = []
+    integral, fixing = configs_module._integral, configs_module._solve_with_fixing
+    monkeypatch.setattr(configs_module, "_integral",
+                        lambda *a: paths.append("integral?") or integral(*a))
+    monkeypatch.setattr(configs_module, "_solve_with_fixing",
+                        lambda *a: paths.append("fixing") or fixing(*a))
     cluster = ClusterState((NodeInfo(0, "t4", 4), NodeInfo(1, "t4", 2)))
     configs = cluster_configs(cluster)
     cost = np.array([[-10.0 if c.replicas == 4 else 0.0 for c in configs]] * 2)
     idle = np.zeros(2)
     solution = solve(cost, idle, configs, cluster)
-    assert relaxed == [None]  # the relaxation was fractional
+    assert paths == ["integral?", "fixing"]  # the relaxation was fractional
     assert solution.objective == pytest.approx(_brute_force(cost, idle, configs, cluster))
     assert solution.objective == pytest.approx(-10.0)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.integers(2, 4), st.data())
+def test_reduced_cost_fixing_keeps_the_optimum(num_jobs, data):
+    # Dense random costs on a small mixed cluster make fractional relaxations common; the
+    # fixing path must still return the brute-force optimum.
+    import shoal.policy.configs as configs_module
+
+    configs = cluster_configs(TWO_TYPES)
+    cost = np.array([[data.draw(st.floats(-6, 1)) for _ in configs] for _ in range(num_jobs)])
+    idle = np.array([data.draw(st.floats(-1, 1)) for _ in range(num_jobs)])
+    solution = configs_module.solve(cost, idle, configs, TWO_TYPES)
+    assert solution.objective == pytest.approx(_brute_force(cost, idle, configs, TWO_TYPES),
+                                               abs=1e-6)
 
 
 def _undominated_one_row(row: Row, type_index: np.ndarray) -> Row:

@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 from shoal.core.demand import ServiceDemand, is_service
 from shoal.core.placement import place
@@ -25,6 +26,10 @@ from shoal.spec.job import JobSpec
 log = logging.getLogger(__name__)
 
 
+# "interval": the periodic round; "arrival": one run early because a job arrived.
+RoundTrigger = Literal["interval", "arrival"]
+
+
 @dataclass
 class RoundStats:
     time: float
@@ -32,7 +37,7 @@ class RoundStats:
     allocated_devices: int
     decision_seconds: float
     changes: int
-    trigger: str = "interval"  # or "arrival": a round run early because a job arrived
+    trigger: RoundTrigger = "interval"
 
 
 class Scheduler:
@@ -167,7 +172,7 @@ class Scheduler:
         detail = f"{new.num_replicas}x{new.device_type} on nodes {sorted(set(new.nodes))}"
         record.transition(JobState.RESTARTING, now, self.events, detail)
 
-    def round(self, trigger: str = "interval") -> RoundStats:
+    def round(self, trigger: RoundTrigger = "interval") -> RoundStats:
         self.observe()
         now = self.backend.now()
         views = self.active_views(now)

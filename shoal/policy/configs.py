@@ -269,23 +269,19 @@ def _solve_with_fixing(relaxation: OptimizeResult, objective: np.ndarray, matrix
     at_one = x > 1 - _INTEGRAL
     incumbent = at_one.astype(float)
     bound = float(relaxation.fun)
-    gap = float(objective @ incumbent) - bound
+    incumbent_value = float(objective @ incumbent)
+    gap = incumbent_value - bound
     slack = 1e-9 * max(1.0, abs(bound))
     fix_zero = (x < _INTEGRAL) & (relaxation.lower.marginals > gap + slack)
     fix_one = at_one & (-relaxation.upper.marginals > gap + slack)
     free = np.nonzero(~(fix_zero | fix_one))[0]
-    best, best_value, status = incumbent, float(objective @ incumbent), "optimal"
+    best, best_value, status = incumbent, incumbent_value, "optimal"
     if len(free):
         used = matrix @ fix_one.astype(float)
         lower = np.zeros(matrix.shape[0])
         lower[forced] = 1.0
-        sub = milp(
-            objective[free],
-            constraints=LinearConstraint(matrix[:, free], lower - used, upper - used),
-            integrality=np.ones(len(free)),
-            bounds=Bounds(0, 1),
-            options={"time_limit": time_limit, "mip_rel_gap": 1e-6, "presolve": False},
-        )
+        sub = _binary_milp(objective[free], matrix[:, free], lower - used, upper - used,
+                           time_limit)
         if sub.x is not None:
             candidate = fix_one.astype(float)
             candidate[free] = np.round(sub.x)
@@ -301,7 +297,17 @@ def _solve_integer(objective: np.ndarray, matrix: csr_matrix, upper: np.ndarray,
                    forced: list[int], time_limit: float) -> tuple[np.ndarray, float, str]:
     lower = np.zeros(matrix.shape[0])
     lower[forced] = 1.0
-    result = milp(
+    result = _binary_milp(objective, matrix, lower, upper, time_limit)
+    if result.x is None:
+        raise RuntimeError(f"allocation MILP failed: {result.message}")
+    status = "optimal" if result.status == 0 else f"feasible ({result.message})"
+    return result.x, float(result.fun), status
+
+
+def _binary_milp(objective: np.ndarray, matrix: csr_matrix, lower: np.ndarray,
+                 upper: np.ndarray, time_limit: float) -> OptimizeResult:
+    """min objective @ x over binary x with lower <= matrix @ x <= upper (HiGHS)."""
+    return milp(
         objective,
         constraints=LinearConstraint(matrix, lower, upper),
         integrality=np.ones(len(objective)),
@@ -310,10 +316,6 @@ def _solve_integer(objective: np.ndarray, matrix: csr_matrix, upper: np.ndarray,
         # problems (bench/decision_time.py); the optimum is the same without it.
         options={"time_limit": time_limit, "mip_rel_gap": 1e-6, "presolve": False},
     )
-    if result.x is None:
-        raise RuntimeError(f"allocation MILP failed: {result.message}")
-    status = "optimal" if result.status == 0 else f"feasible ({result.message})"
-    return result.x, float(result.fun), status
 
 
 class _FreeNodes:

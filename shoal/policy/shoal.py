@@ -46,8 +46,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
+from pydantic import TypeAdapter, ValidationError
 
 from shoal.core.types import ClusterState, Decision, Grant, JobView
 from shoal.policy.configs import ConfigTable, Row, place_configs, solve_rows
@@ -69,7 +71,7 @@ class ShoalKnobs:
     alpha: float = 0.5  # 0: fairness only; 1: strongly shortest-remaining-first
     # "rank": remaining-work weights from heSRPT's optimal shares by rank (see _rank_weights)
     # with an assumed speedup exponent ``sigma``; "power": (1 + R/H)^-alpha.
-    weighting: str = "rank"
+    weighting: Literal["rank", "power"] = "rank"
     sigma: float = 0.5
     restart_delay: float = 120.0
     growth: float = 4.0  # how far beyond its largest measured size a job may be grown
@@ -81,7 +83,25 @@ class ShoalKnobs:
     on_arrival: bool = True
     # Speedups relative to a job's smallest configuration (Sia) or to its best configuration
     # within an equal share of the cluster (Pollux); see the module docstring.
-    baseline: str = "smallest"
+    baseline: Literal["smallest", "fair"] = "smallest"
+
+    def __post_init__(self) -> None:
+        choices = {"weighting": ("rank", "power"), "baseline": ("smallest", "fair")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise SpecError(f"must be one of {', '.join(allowed)}, got "
+                                f"{getattr(self, name)!r}", field=name)
+        if not 0.0 <= self.sigma < 1.0:
+            raise SpecError(f"the assumed speedup exponent must be in [0, 1), got {self.sigma}",
+                            field="sigma")
+        if not 0.0 < self.idle_speedup < 1.0:
+            raise SpecError(f"must be in (0, 1), got {self.idle_speedup}", field="idle_speedup")
+        if self.p == 0.0:
+            raise SpecError("must not be 0 (use a small value for proportional fairness)",
+                            field="p")
+        if self.restart_delay < 0 or self.growth < 1:
+            raise SpecError("restart_delay must be >= 0 and growth >= 1", field="restart_delay"
+                            if self.restart_delay < 0 else "growth")
 
 
 class ShoalPolicy:
@@ -105,27 +125,23 @@ class ShoalPolicy:
 
     @staticmethod
     def parse_knobs(pairs: Sequence[str]) -> dict[str, object]:
-        """``KEY=VALUE`` strings as knob overrides, typed like the knobs' defaults."""
+        """``KEY=VALUE`` strings as knob overrides, converted and checked as ShoalKnobs."""
         defaults = ShoalKnobs().__dict__
-        out: dict[str, object] = {}
+        raw: dict[str, str] = {}
         for pair in pairs:
-            key, sep, raw = pair.partition("=")
+            key, sep, value = pair.partition("=")
             key = key.strip().replace("-", "_")
             if not sep or key not in defaults:
                 raise SpecError(f"'{pair}' is not KEY=VALUE with KEY one of "
                                 f"{', '.join(defaults)}", field="knob")
-            kind = type(defaults[key])
-            try:
-                if kind is bool:
-                    if raw.lower() not in ("true", "false", "1", "0"):
-                        raise ValueError(raw)
-                    out[key] = raw.lower() in ("true", "1")
-                else:
-                    out[key] = kind(raw)
-            except ValueError:
-                raise SpecError(f"knob {key} takes a {kind.__name__}, not '{raw}'",
-                                field="knob") from None
-        return out
+            raw[key] = value.strip()
+        try:
+            knobs = TypeAdapter(ShoalKnobs).validate_python({**defaults, **raw})
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            where = ".".join(str(part) for part in error["loc"]) or ", ".join(raw)
+            raise SpecError(f"knob {where}: {error['msg']}", field="knob") from None
+        return {key: getattr(knobs, key) for key in raw}
 
     @staticmethod
     def _remaining(job: JobView) -> float:

@@ -26,7 +26,7 @@ from shoal.backends.local.backend import LocalBackend
 from shoal.backends.local.devices import detect_pool
 from shoal.backends.local.job import LocalJob, Phase, RunSettings
 from shoal.backends.local.services import LocalServeJob, check_local_service
-from shoal.core.scheduler import Scheduler
+from shoal.core.scheduler import RoundTrigger, Scheduler
 from shoal.core.state import JobRecord
 from shoal.core.types import TERMINAL_STATES, Allocation, Change, JobState
 from shoal.perf.efficiency import efficiency
@@ -187,7 +187,7 @@ class Runner:
             self.seq[spec.name] = max(self.seq.values(), default=-1) + 1
             record = self.scheduler.submit(spec)
             self._persist()
-            if getattr(self.scheduler.policy, "decides_on_arrival", False):
+            if self.scheduler.policy.decides_on_arrival:
                 self._arrived.set()
             return self.describe(record)
 
@@ -206,7 +206,7 @@ class Runner:
             return self.backend.report(name, payload)
 
     # ----- the loop -----
-    def round(self, trigger: str = "interval") -> None:
+    def round(self, trigger: RoundTrigger = "interval") -> None:
         with self.lock:
             self._drop_lost_nodes()
             for name, limits in self.backend.learned_limits().items():
@@ -256,7 +256,7 @@ class Runner:
                 next_round = time.monotonic() + self.config.interval_s
             trigger = self._between_rounds(next_round)
 
-    def _between_rounds(self, next_round: float, every_s: float = 0.1) -> str:
+    def _between_rounds(self, next_round: float, every_s: float = 0.1) -> RoundTrigger:
         """Until the next round, let the backend move resizes along (process exits, warm
         replicas) every ``every_s`` seconds, so a resize does not wait for a round. Returns
         early, with "arrival", when a job arrived for a policy that decides on arrival."""

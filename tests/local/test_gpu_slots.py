@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 from shoal.backends.local.backend import LocalBackend
@@ -35,3 +36,26 @@ def test_jobs_get_disjoint_gpus_and_reuse_what_a_stopped_job_freed(tmp_path: Pat
     # "b" shrinks to one GPU: it takes the lowest free one, never one "c" holds.
     backend.assign_slots([Change("b", Allocation("gpu", (0,)))])
     assert _visible(backend, "b", 1) == ["6"]
+
+
+def test_a_restarted_service_keeps_adopted_jobs_on_their_gpus(tmp_path: Path) -> None:
+    pool = DevicePool("gpu", slots=4, threads_per_slot=1, gpu_ids=(0, 1, 2, 3))
+    settings = RunSettings(home=tmp_path, pool=pool)
+    sleeper = JobSpec(name="a", application="custom",
+                      command=["python", "-c", "import time; time.sleep(60)"])
+    first = LocalBackend(settings)
+    limits = first.admit(sleeper, tmp_path)
+    try:
+        first.apply([Change("a", Allocation("gpu", (0, 0)))])  # starts two real processes
+        assert first.jobs["a"].slot_ids == (0, 1)
+        # A new service adopts the running processes and their GPUs.
+        second = LocalBackend(settings)
+        adopted = second.adopt(sleeper, tmp_path, limits)
+        assert adopted.replicas and adopted.slot_ids == (0, 1)
+        second.admit(JobSpec(name="c", application="custom", command=["python", "x.py"]),
+                     tmp_path)
+        second.assign_slots([Change("c", Allocation("gpu", (0, 0)))])
+        assert second.jobs["c"].slot_ids == (2, 3)
+    finally:
+        for replica in first.jobs["a"].replicas:
+            replica.signal(signal.SIGKILL)

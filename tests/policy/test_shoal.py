@@ -152,19 +152,25 @@ def test_fractional_relaxation_falls_back_to_the_exact_milp(monkeypatch):
     assert solution.objective == pytest.approx(-10.0)
 
 
-@settings(max_examples=60, deadline=None, derandomize=True)
-@given(st.integers(2, 4), st.data())
-def test_reduced_cost_fixing_keeps_the_optimum(num_jobs, data):
-    # Dense random costs on a small mixed cluster make fractional relaxations common; the
-    # fixing path must still return the brute-force optimum.
+def test_reduced_cost_fixing_keeps_the_optimum(monkeypatch):
+    # Dense random costs on a small mixed cluster make fractional relaxations common; every
+    # instance must still come out at the brute-force optimum, and the fixing path must run.
     import shoal.policy.configs as configs_module
 
+    fixings = []
+    fixing = configs_module._solve_with_fixing
+    monkeypatch.setattr(configs_module, "_solve_with_fixing",
+                        lambda *a: fixings.append(1) or fixing(*a))
+    rng = np.random.default_rng(0)
     configs = cluster_configs(TWO_TYPES)
-    cost = np.array([[data.draw(st.floats(-6, 1)) for _ in configs] for _ in range(num_jobs)])
-    idle = np.array([data.draw(st.floats(-1, 1)) for _ in range(num_jobs)])
-    solution = configs_module.solve(cost, idle, configs, TWO_TYPES)
-    assert solution.objective == pytest.approx(_brute_force(cost, idle, configs, TWO_TYPES),
-                                               abs=1e-6)
+    for _ in range(80):
+        jobs = int(rng.integers(2, 5))
+        cost = rng.uniform(-6, 1, (jobs, len(configs)))
+        idle = rng.uniform(-1, 1, jobs)
+        solution = configs_module.solve(cost, idle, configs, TWO_TYPES)
+        assert solution.objective == pytest.approx(
+            _brute_force(cost, idle, configs, TWO_TYPES), abs=1e-6)
+    assert len(fixings) >= 20  # 40 of these 80 relaxations are fractional (scipy 1.17)
 
 
 def _undominated_one_row(row: Row, type_index: np.ndarray) -> Row:
@@ -285,7 +291,3 @@ def test_a_waiting_job_gets_devices_by_the_no_starvation_bound():
     assert set(policy.decide([holder, waiting], one, 0.0)) == {"holder"}
     assert set(policy.decide([holder, waiting], one, 0.98 * threshold)) == {"holder"}
     assert set(policy.decide([holder, waiting], one, 1.02 * threshold)) == {"waiting"}
-    # The general bound (any cluster): Q* = H (K w_k r_k / (w_j r_j) - 1), K = s0^p/(s0^p - 1).
-    s0p = k.idle_speedup ** k.p
-    bound = DEVICE_HOUR * (s0p / (s0p - 1) * ratio - 1)
-    assert bound >= threshold

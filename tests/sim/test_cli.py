@@ -53,8 +53,9 @@ def test_sim_knobs_tune_shoal_and_bad_knobs_are_named(tmp_path, pollux_data):
         return sum(j["start_s"] - j["submit_s"] for j in report["jobs"])
 
     assert waits(tuned) > waits(default)
-    for knob, message in [("nope=1", "knob"), ("restart_delay=soon", "takes a float"),
-                          ("on_arrival=maybe", "takes a bool")]:
+    for knob, message in [("nope=1", "KEY one of"), ("restart_delay=soon", "valid number"),
+                          ("on_arrival=maybe", "valid boolean"),
+                          ("weighting=rnak", "'rank' or 'power'"), ("sigma=1", "[0, 1)")]:
         result = runner.invoke(cli, [*base, "--knob", knob])
         assert result.exit_code == 2 and message in result.output, result.output
     result = runner.invoke(cli, [*base[:4], "pollux", *base[5:], "--knob", "p=-1"])

@@ -449,6 +449,7 @@ class LocalJob:
             "runs": self.runs,
             "run_details": self.run_details,
             "standby": [r.to_json() for r in self.standby],
+            "slot_ids": list(self.slot_ids),
         })
 
     def adopt(self, now: float) -> None:
@@ -472,6 +473,8 @@ class LocalJob:
         if replicas and data.get("phase") in (Phase.RUNNING, Phase.STOPPING):
             self.phase = Phase.RUNNING
             self.target = self.running_allocation
+            # Its processes still hold these GPUs: no other job may be given them.
+            self.slot_ids = tuple(int(s) for s in data.get("slot_ids") or [])  # type: ignore[union-attr]
             self._last_tick = now
             log.info("%s: adopted %d replica(s) of attempt %d", self.name, len(replicas),
                      self.attempt)

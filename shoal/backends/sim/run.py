@@ -81,8 +81,7 @@ def _simulate(jobs, policy, cluster, profiles, interval, restart_delay, seed, ma
         regime = spec.model_copy(update={"adaptive_batch": policy.adapts_batch_size})
         scheduler.submit(regime)
     timed_out = False
-    arrivals = sorted({s.submit_time for s in jobs}) if getattr(
-        policy, "decides_on_arrival", False) else []
+    arrivals = sorted({s.submit_time for s in jobs}) if policy.decides_on_arrival else []
     next_arrival = 0
     next_round = backend.now() + interval
     while scheduler.unfinished():
@@ -126,9 +125,7 @@ def _isolated_jcts(result: SimResult, backend: SimBackend) -> dict[str, float]:
     1/n of a mixed cluster is 1/n of every device type; alone there, a job runs on whichever
     type of its share finishes it first (as in Gavel's heterogeneous finish-time fairness).
     """
-    cluster = result.cluster
-    capacity = {t: sum(n.devices_per_node * n.count for n in cluster.nodes
-                       if n.device_type == t) for t in {n.device_type for n in cluster.nodes}}
+    cluster = backend.cluster()
     out = {}
     for rec in result.records:
         if rec.finish_time is None or rec.limits is None or rec.failure or rec.spec.kind != "train":
@@ -137,15 +134,16 @@ def _isolated_jcts(result: SimResult, backend: SimBackend) -> dict[str, float]:
         window = [r.active_jobs for r in result.rounds if r.trigger == "interval"
                   and rec.spec.submit_time <= r.time <= rec.finish_time]
         contention = max(sum(window) / len(window), 1.0) if window else 1.0
-        allowed = set(rec.spec.device_types or capacity)
-        shares = {t: max(1, int(c / contention)) for t, c in capacity.items() if t in allowed}
+        allowed = rec.spec.device_types or cluster.device_types
+        shares = {t: max(1, int(cluster.capacity(t) / contention))
+                  for t in cluster.device_types if t in allowed}
         job = backend.jobs[rec.name]
+        batch = rec.spec.batch_size or rec.limits.init_batch_size
         times = []
         for dtype, share in sorted(shares.items()):
             if isinstance(job, PlannedSimJob):
                 times.append(job.isolated_jct(share, dtype) if dtype in job.models else None)
             elif dtype in job.app.devices:
-                batch = rec.spec.batch_size or rec.limits.init_batch_size
                 times.append(isolated_jct(job.app, rec.limits, batch, share,
                                           backend.per_node_by_type[dtype], dtype,
                                           backend.restart_delay, rec.spec.target_epochs))

@@ -115,7 +115,7 @@ def sim_command(workload, policy, cluster, profiles, json_out, plot_out, seed, i
     """Simulate a workload trace under one or more policies and compare them."""
     from shoal.backends.sim.locate import default_profiles
     from shoal.policy import POLICIES
-    from shoal.policy.shoal import ShoalPolicy
+    from shoal.policy.shoal import ShoalKnobs
     from shoal.spec import load_cluster
 
     to_stdout = json_out == Path("-")
@@ -133,7 +133,7 @@ def sim_command(workload, policy, cluster, profiles, json_out, plot_out, seed, i
         if not Path(profile_dir).is_dir():
             raise SpecError(f"profile directory {profile_dir} does not exist", field="profiles")
         files = _workloads(workload)
-        overrides = ShoalPolicy.parse_knobs(knobs)
+        overrides = ShoalKnobs.overrides(knobs)
         if overrides and not any(p == "shoal" or p.startswith("shoal-") for p in policies):
             raise SpecError("--knob tunes the shoal policies; add one to --policy",
                             field="knob")

@@ -68,8 +68,9 @@ class ConfigTable:
     lookup: dict[tuple[str, int, int], int]
 
     @classmethod
-    def of(cls, cluster: ClusterState) -> ConfigTable:
-        configs = cluster_configs(cluster)
+    def of(cls, cluster: ClusterState, configs: Sequence[Config] | None = None) -> ConfigTable:
+        """The table of ``configs`` (default: all of the cluster's configurations)."""
+        configs = cluster_configs(cluster) if configs is None else list(configs)
         types = tuple(cluster.device_types)
         return cls(
             configs, types,
@@ -148,22 +149,23 @@ def solve(
     for j in range(cost.shape[0]):
         index = np.nonzero(np.isfinite(cost[j]))[0]
         rows.append(Row(index, cost[j, index]))
-    return solve_rows(rows, idle, configs, cluster, forced, time_limit)
+    return solve_rows(rows, idle, ConfigTable.of(cluster, configs), cluster, forced, time_limit)
 
 
 def solve_rows(
     rows: Sequence[Row],
     idle: np.ndarray,
-    configs: Sequence[Config],
+    table: ConfigTable,
     cluster: ClusterState,
     forced: Mapping[int, int] | None = None,
     time_limit: float = 10.0,
 ) -> Solution:
-    """Exact configuration choice from per-job candidate rows; ``forced`` pins job j to c."""
+    """Exact configuration choice from per-job candidate rows (indices into ``table``);
+    ``forced`` pins job j to configuration c."""
     jobs = len(rows)
     forced = dict(forced or {})
-    device_types = list(cluster.device_types)
-    type_index = np.array([device_types.index(c.device_type) for c in configs], dtype=int)
+    device_types = table.types
+    type_index = table.type_index
     # An infinite cost forbids a configuration (e.g. a move whose restart could never pay off).
     finite = [Row(r.index[np.isfinite(r.cost)], r.cost[np.isfinite(r.cost)]) for r in rows]
     kept = list(undominated_rows(finite, type_index))
@@ -177,8 +179,8 @@ def solve_rows(
     js = np.repeat(np.arange(jobs), sizes)
     cs = np.concatenate([r.index for r in kept]).astype(int)
     objective = np.concatenate([r.cost for r in kept]) - idle[js]
-    replicas = np.array([c.replicas for c in configs], dtype=float)[cs]
-    nodes = np.array([c.nodes for c in configs], dtype=float)[cs]
+    replicas = table.replicas[cs].astype(float)
+    nodes = table.nodes[cs].astype(float)
     var_type = type_index[cs]
     # Constraint rows: one per job (at most one configuration; exactly one when forced), then
     # per type its devices and the whole nodes of its multi-node configurations.

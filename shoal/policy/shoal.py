@@ -103,6 +103,26 @@ class ShoalKnobs:
             raise SpecError("restart_delay must be >= 0 and growth >= 1", field="restart_delay"
                             if self.restart_delay < 0 else "growth")
 
+    @classmethod
+    def overrides(cls, pairs: Sequence[str]) -> dict[str, object]:
+        """``KEY=VALUE`` strings as knob overrides, converted and checked as ShoalKnobs."""
+        defaults = cls().__dict__
+        raw: dict[str, str] = {}
+        for pair in pairs:
+            key, sep, value = pair.partition("=")
+            key = key.strip().replace("-", "_")
+            if not sep or key not in defaults:
+                raise SpecError(f"'{pair}' is not KEY=VALUE with KEY one of "
+                                f"{', '.join(defaults)}", field="knob")
+            raw[key] = value.strip()
+        try:
+            knobs = TypeAdapter(cls).validate_python({**defaults, **raw})
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            where = ".".join(str(part) for part in error["loc"]) or ", ".join(raw)
+            raise SpecError(f"knob {where}: {error['msg']}", field="knob") from None
+        return {key: getattr(knobs, key) for key in raw}
+
 
 class ShoalPolicy:
     name = "shoal"
@@ -122,26 +142,6 @@ class ShoalPolicy:
         policy = ShoalPolicy(self.knobs, **overrides)
         policy.name = self.name
         return policy
-
-    @staticmethod
-    def parse_knobs(pairs: Sequence[str]) -> dict[str, object]:
-        """``KEY=VALUE`` strings as knob overrides, converted and checked as ShoalKnobs."""
-        defaults = ShoalKnobs().__dict__
-        raw: dict[str, str] = {}
-        for pair in pairs:
-            key, sep, value = pair.partition("=")
-            key = key.strip().replace("-", "_")
-            if not sep or key not in defaults:
-                raise SpecError(f"'{pair}' is not KEY=VALUE with KEY one of "
-                                f"{', '.join(defaults)}", field="knob")
-            raw[key] = value.strip()
-        try:
-            knobs = TypeAdapter(ShoalKnobs).validate_python({**defaults, **raw})
-        except ValidationError as exc:
-            error = exc.errors()[0]
-            where = ".".join(str(part) for part in error["loc"]) or ", ".join(raw)
-            raise SpecError(f"knob {where}: {error['msg']}", field="knob") from None
-        return {key: getattr(knobs, key) for key in raw}
 
     @staticmethod
     def _remaining(job: JobView) -> float:
@@ -218,7 +218,7 @@ class ShoalPolicy:
                 rows.append(Row(index, sign * weight * speedup**k.p))
             if not job.spec.preemptible and current is not None:
                 forced[j] = current
-        solution = solve_rows(rows, idle, table.configs, cluster, forced)
+        solution = solve_rows(rows, idle, table, cluster, forced)
         self.last_status = solution.status
         chosen = {jobs[j].name: table.configs[c]
                   for j, c in enumerate(solution.choice) if c is not None}

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from shoal.backends.sim.pause import RestartPause
 from shoal.backends.sim.profile import ApplicationProfile
 from shoal.core.types import Allocation, JobLimits, ModelHints
 from shoal.perf.efficiency import GradStats
@@ -20,7 +21,7 @@ from shoal.perf.throughput import PerfParams, fit_perf_params
 _EPS = 1e-8
 
 
-class SimJob:
+class SimJob(RestartPause):
     def __init__(
         self,
         name: str,
@@ -247,9 +248,7 @@ class SimJob:
         alloc = self.allocation
         assert alloc is not None
         replicas = alloc.num_replicas
-        delay = min(self.rescale_left, seconds)
-        self.rescale_left -= delay
-        self.device_seconds += delay * replicas
+        delay = self.spend_pause(replicas, seconds)
         now += delay
         seconds -= delay
         app = self.app

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from shoal.backends.sim.pause import RestartPause
 from shoal.core.types import Allocation, JobLimits, JobStatus, ModelHints
 from shoal.perf.catalog import parse_model
 from shoal.perf.models import GPTConfig
@@ -40,7 +41,7 @@ def allocation_shapes(node_capacity: int, num_nodes: int) -> list[int]:
     return [*counts, *(n * node_capacity for n in range(1, num_nodes + 1))]
 
 
-class PlannedSimJob:
+class PlannedSimJob(RestartPause):
     """A model-declared training job in the simulator (same interface as ``SimJob``)."""
 
     def __init__(self, name: str, model: GPTConfig, model_text: str, global_batch: int,
@@ -136,9 +137,7 @@ class PlannedSimJob:
         if alloc is None or plan is None or self.finished_at is not None or self.failed_reason:
             return
         replicas = alloc.num_replicas
-        delay = min(self.rescale_left, seconds)
-        self.rescale_left -= delay
-        self.device_seconds += delay * replicas
+        delay = self.spend_pause(replicas, seconds)
         now += delay
         seconds -= delay
         if seconds <= 0:

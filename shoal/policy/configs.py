@@ -14,7 +14,9 @@ scipy.optimize.milp.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -25,6 +27,8 @@ from scipy.sparse import coo_matrix, csr_matrix
 from shoal.core.types import Allocation, ClusterState
 
 _INTEGRAL = 1e-6  # an LP value this close to 0 or 1 counts as integral
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +51,41 @@ def cluster_configs(cluster: ClusterState) -> list[Config]:
         for count in range(2, len(nodes) + 1):
             out.append(Config(dtype, count, count * per_node))
     return out
+
+
+def inexact_types(cluster: ClusterState) -> list[str]:
+    """Device types whose nodes are not all of one power-of-two size. On those the MILP's
+    device and node counts are looser than placement (a relaxation; docs/theory.md, part 1)."""
+    return _inexact(_node_sizes(cluster))
+
+
+def warn_if_inexact(cluster: ClusterState) -> None:
+    """Log once per cluster shape when the MILP's optimum may not be placeable as chosen."""
+    _warn_once(_node_sizes(cluster))
+
+
+_NodeSizes = tuple[tuple[str, frozenset[int]], ...]
+
+
+def _node_sizes(cluster: ClusterState) -> _NodeSizes:
+    return tuple((t, frozenset(n.capacity for n in cluster.nodes_of(t)))
+                 for t in cluster.device_types)
+
+
+def _inexact(sizes: _NodeSizes) -> list[str]:
+    return [t for t, found in sizes if len(found) > 1 or max(found) & (max(found) - 1)]
+
+
+@functools.cache
+def _warn_once(sizes: _NodeSizes) -> None:
+    bad = _inexact(sizes)
+    if bad:
+        log.warning(
+            "device type(s) %s have nodes of %s devices, not one power of two per type: the "
+            "allocation MILP counts devices only, so a chosen configuration may not fit on the "
+            "nodes and its job then waits a round; use nodes of 1, 2, 4, 8, ... devices per type "
+            "for exact decisions", ", ".join(bad),
+            {t: sorted(found) for t, found in sizes if t in bad})
 
 
 @dataclass

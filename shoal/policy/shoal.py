@@ -52,7 +52,13 @@ import numpy as np
 from pydantic import TypeAdapter, ValidationError
 
 from shoal.core.types import ClusterState, Decision, Grant, JobView
-from shoal.policy.configs import ConfigTable, Row, place_configs, solve_rows
+from shoal.policy.configs import (
+    ConfigTable,
+    Row,
+    place_configs,
+    solve_rows,
+    warn_if_inexact,
+)
 from shoal.policy.goodput_matrix import (
     candidates,
     goodput_rows,
@@ -184,6 +190,7 @@ class ShoalPolicy:
         if not jobs:
             return {}
         k = self.knobs
+        warn_if_inexact(cluster)
         table = ConfigTable.of(cluster)
         rows: list[Row] = []
         idle = np.zeros(len(jobs))

@@ -14,6 +14,7 @@ from shoal.perf.goodput import optimize_many
 from shoal.policy.configs import (
     Row,
     cluster_configs,
+    inexact_types,
     place_configs,
     solve,
     undominated_rows,
@@ -291,3 +292,21 @@ def test_a_waiting_job_gets_devices_by_the_no_starvation_bound():
     assert set(policy.decide([holder, waiting], one, 0.0)) == {"holder"}
     assert set(policy.decide([holder, waiting], one, 0.98 * threshold)) == {"holder"}
     assert set(policy.decide([holder, waiting], one, 1.02 * threshold)) == {"waiting"}
+
+
+def test_inexact_node_sizes_are_named_once(caplog):
+    uneven = ClusterState((NodeInfo(0, "t4", 6), NodeInfo(1, "t4", 6), NodeInfo(2, "v100", 2),
+                           NodeInfo(3, "v100", 4)))
+    assert inexact_types(TWO_TYPES) == []
+    assert inexact_types(uneven) == ["t4", "v100"]
+    jobs = [_view(f"j{i}") for i in range(3)]
+    import shoal.policy.configs as configs_module
+
+    configs_module._warn_once.cache_clear()
+    with caplog.at_level("WARNING", logger="shoal.policy.configs"):
+        ShoalPolicy().decide(jobs, TWO_TYPES, 0.0)
+        assert not caplog.records
+        ShoalPolicy().decide(jobs, uneven, 0.0)
+        ShoalPolicy().decide(jobs, uneven, 60.0)
+    assert len(caplog.records) == 1
+    assert "t4, v100" in caplog.text and "power of two" in caplog.text

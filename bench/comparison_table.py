@@ -1,14 +1,17 @@
 """Tabulate cached policy-comparison reports, possibly from several source versions.
 
     .venv/bin/python bench/comparison_table.py --cache out/policy_runs \
-        [--versions NEW,OLD...] [--fresh shoal] [--json out/policy_comparison_table.json]
+        [--versions NEW,OLD...] [--fresh shoal [--fresh-versions K]] \
+        [--json out/policy_comparison_table.json]
 
 ``bench/policy_comparison.py`` caches each simulation's report under the digest of shoal's
 sources. After a change that leaves some policies' code paths untouched (e.g. a change to the
 shoal policy only), their reports from an older version are still what the new code would
 produce; this script builds one table from several versions, taking each (cluster, policy,
 workload) from the first listed version that has it, and records which version every row
-came from. Check one reused report against a rerun before relying on it.
+came from. Check one reused report against a rerun before relying on it. With ``--fresh``,
+the policies it names come only from the first ``--fresh-versions`` versions (those whose code
+is the changed one: later versions that only refactored must give identical reports).
 """
 
 from __future__ import annotations
@@ -36,17 +39,17 @@ def _parse(name: str) -> tuple[str, str, str] | None:
     return None
 
 
-def collect(cache: Path, versions: list[str],
-            fresh: str = "") -> dict[tuple[str, str, str], dict]:
+def collect(cache: Path, versions: list[str], fresh: str = "",
+            fresh_versions: int = 1) -> dict[tuple[str, str, str], dict]:
     """Reports by (cluster, policy, workload); policies starting with ``fresh`` only from the
-    first version (the one whose code changed them)."""
+    first ``fresh_versions`` versions (those with the code that changed them)."""
     found: dict[tuple[str, str, str], dict] = {}
     for version in versions:
         for path in sorted((cache / version).glob("*.json")):
             key = _parse(path.stem)
             if key is None or key in found:
                 continue
-            if fresh and key[1].startswith(fresh) and version != versions[0]:
+            if fresh and key[1].startswith(fresh) and version not in versions[:fresh_versions]:
                 continue
             summary = json.loads(path.read_text())["summary"]
             found[key] = {**summary, "source_version": version}
@@ -60,13 +63,15 @@ def main() -> None:
                         "(default: every directory of the cache, newest first)")
     parser.add_argument("--fresh", default="", help="policies with this name prefix are taken "
                         "from the first version only (e.g. shoal after a change to it)")
+    parser.add_argument("--fresh-versions", type=int, default=1, help="how many of the first "
+                        "versions --fresh policies may come from (default 1)")
     parser.add_argument("--json", default="out/policy_comparison_table.json")
     args = parser.parse_args()
     cache = Path(args.cache)
     versions = [v for v in args.versions.split(",") if v] or [
         p.name for p in sorted(cache.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
         if p.is_dir()]
-    found = collect(cache, versions, args.fresh)
+    found = collect(cache, versions, args.fresh, args.fresh_versions)
     console = Console(width=170)
     out: dict[str, dict] = {}
     for cluster in CLUSTERS:

@@ -1,0 +1,41 @@
+"""bench/comparison_table.py: which cached version each table row comes from."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "comparison_table.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("comparison_table", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _report(cache: Path, version: str, name: str, avg: float) -> None:
+    (cache / version).mkdir(parents=True, exist_ok=True)
+    (cache / version / f"{name}-0123abcd.json").write_text(
+        json.dumps({"summary": {"avg_jct_s": avg}}))
+
+
+def test_fresh_policies_come_only_from_the_first_versions(tmp_path):
+    collect = _module().collect
+    _report(tmp_path, "new", "hetero-256-shoal-workload-2", 1.0)
+    _report(tmp_path, "refactor", "pollux-t4-64-shoal-workload-1", 2.0)
+    _report(tmp_path, "old", "pollux-t4-64-shoal-workload-3", 3.0)
+    _report(tmp_path, "old", "pollux-t4-64-pollux-workload-1", 4.0)
+    versions = ["new", "refactor", "old"]
+
+    one = collect(tmp_path, versions, fresh="shoal")
+    assert set(one) == {("hetero-256", "shoal", "workload-2"),
+                        ("pollux-t4-64", "pollux", "workload-1")}
+
+    two = collect(tmp_path, versions, fresh="shoal", fresh_versions=2)
+    assert two[("pollux-t4-64", "shoal", "workload-1")]["source_version"] == "refactor"
+    assert ("pollux-t4-64", "shoal", "workload-3") not in two
+    assert two[("pollux-t4-64", "pollux", "workload-1")]["source_version"] == "old"
+
+    every = collect(tmp_path, versions)
+    assert every[("pollux-t4-64", "shoal", "workload-3")]["avg_jct_s"] == 3.0

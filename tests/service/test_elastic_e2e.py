@@ -32,9 +32,10 @@ def _went_up_then_down(counts: list[int]) -> bool:
 
 
 def test_three_jobs_resize_while_training_and_finish(service: Service) -> None:
-    # Long enough (sleep-dominated steps) that it is still training after it grows, on a fast
-    # machine as on a loaded one.
-    assert service.submit(job_yaml("first", epochs=10, sleep=0.2)).status_code == 201
+    # Long enough (sleep-dominated steps) that it is still training after it grows and after
+    # the pre-warmed shrink that the other two jobs cause completes (at 10 epochs it could
+    # finish on two replicas while its one-replica standby was still starting).
+    assert service.submit(job_yaml("first", epochs=30, sleep=0.2)).status_code == 201
     # Alone on two slots, the adaptive policy grows the first job once it has profiled itself.
     def trained_on_two() -> bool:
         return any(row["num_replicas"] == 2 for row in service.job("first")["profile"])
@@ -44,7 +45,7 @@ def test_three_jobs_resize_while_training_and_finish(service: Service) -> None:
     for name in ("second", "third"):
         assert service.submit(job_yaml(name, epochs=1, sleep=0.05)).status_code == 201
     names = ["first", "second", "third"]
-    wait_until(lambda: all_done(service, names), 150, "all jobs to finish", service.diagnostics)
+    wait_until(lambda: all_done(service, names), 300, "all jobs to finish", service.diagnostics)
 
     jobs = {j["name"]: j for j in service.jobs()}
     for name in names:

@@ -59,7 +59,7 @@ def inexact_types(cluster: ClusterState) -> list[str]:
     return _inexact(_node_sizes(cluster))
 
 
-def warn_if_inexact(cluster: ClusterState) -> None:
+def _warn_if_inexact(cluster: ClusterState) -> None:
     """Log once per cluster shape when the MILP's optimum may not be placeable as chosen."""
     _warn_once(_node_sizes(cluster))
 
@@ -108,7 +108,9 @@ class ConfigTable:
 
     @classmethod
     def of(cls, cluster: ClusterState, configs: Sequence[Config] | None = None) -> ConfigTable:
-        """The table of ``configs`` (default: all of the cluster's configurations)."""
+        """The table of ``configs`` (default: all of the cluster's configurations). Warns once
+        per cluster shape where counting devices is looser than placing them."""
+        _warn_if_inexact(cluster)
         configs = cluster_configs(cluster) if configs is None else list(configs)
         types = tuple(cluster.device_types)
         return cls(

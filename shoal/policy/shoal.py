@@ -46,19 +46,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args, get_origin, get_type_hints
 
 import numpy as np
 from pydantic import TypeAdapter, ValidationError
 
 from shoal.core.types import ClusterState, Decision, Grant, JobView
-from shoal.policy.configs import (
-    ConfigTable,
-    Row,
-    place_configs,
-    solve_rows,
-    warn_if_inexact,
-)
+from shoal.policy.configs import ConfigTable, Row, place_configs, solve_rows
 from shoal.policy.goodput_matrix import (
     candidates,
     goodput_rows,
@@ -92,8 +86,7 @@ class ShoalKnobs:
     baseline: Literal["smallest", "fair"] = "smallest"
 
     def __post_init__(self) -> None:
-        choices = {"weighting": ("rank", "power"), "baseline": ("smallest", "fair")}
-        for name, allowed in choices.items():
+        for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise SpecError(f"must be one of {', '.join(allowed)}, got "
                                 f"{getattr(self, name)!r}", field=name)
@@ -128,6 +121,12 @@ class ShoalKnobs:
             where = ".".join(str(part) for part in error["loc"]) or ", ".join(raw)
             raise SpecError(f"knob {where}: {error['msg']}", field="knob") from None
         return {key: getattr(knobs, key) for key in raw}
+
+
+# The allowed values of the knobs typed as a Literal, checked on construction too (a plain
+# dataclass does not enforce its annotations).
+_CHOICES = {name: get_args(hint) for name, hint in get_type_hints(ShoalKnobs).items()
+            if get_origin(hint) is Literal}
 
 
 class ShoalPolicy:
@@ -190,7 +189,6 @@ class ShoalPolicy:
         if not jobs:
             return {}
         k = self.knobs
-        warn_if_inexact(cluster)
         table = ConfigTable.of(cluster)
         rows: list[Row] = []
         idle = np.zeros(len(jobs))

@@ -16,13 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from shoal.core.types import ClusterState, Decision, Grant, JobView
-from shoal.policy.configs import (
-    ConfigTable,
-    Row,
-    place_configs,
-    solve_rows,
-    warn_if_inexact,
-)
+from shoal.policy.configs import ConfigTable, Row, place_configs, solve_rows
 from shoal.policy.goodput_matrix import (
     candidates,
     goodput_rows,
@@ -46,7 +40,6 @@ class SiaPolicy:
     def decide(self, jobs: Sequence[JobView], cluster: ClusterState, now: float) -> Decision:
         if not jobs:
             return {}
-        warn_if_inexact(cluster)
         table = ConfigTable.of(cluster)
         rows: list[Row] = []
         capacity = cluster.capacity()

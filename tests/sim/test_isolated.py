@@ -1,12 +1,19 @@
+from pathlib import Path
+
 import pytest
 
 from shoal.backends.sim.isolated import isolated_jct
 from shoal.backends.sim.profile import ProfileLibrary
+from shoal.backends.sim.run import simulate
 from shoal.core.types import JobLimits
+from shoal.policy import make_policy
+from shoal.spec import JobSpec, parse_cluster
+
+HETERO_PROFILES = Path(__file__).resolve().parents[2] / "data" / "profiles-hetero"
 
 
 def test_a_share_beyond_the_profile_falls_back_to_the_largest_it_covers():
-    app = ProfileLibrary("data/profiles-hetero").get("imagenet")
+    app = ProfileLibrary(HETERO_PROFILES).get("imagenet")
     limits = JobLimits(200, 12800, 16, 256, 4096)
     # 1/n of a large cluster can exceed every measured placement; the baseline must not fail.
     huge = isolated_jct(app, limits, 4096, 256, 4, "a100", 30.0)
@@ -14,11 +21,7 @@ def test_a_share_beyond_the_profile_falls_back_to_the_largest_it_covers():
 
 
 def test_on_a_mixed_cluster_the_fair_share_is_one_nth_of_every_type_on_its_best_type():
-    from shoal.backends.sim.run import simulate
-    from shoal.policy import make_policy
-    from shoal.spec import JobSpec, parse_cluster
-
-    profiles = ProfileLibrary("data/profiles-hetero")
+    profiles = ProfileLibrary(HETERO_PROFILES)
     cluster = parse_cluster({
         "name": "mixed", "device_types": [{"name": "t4", "memory_gb": 16},
                                           {"name": "a100", "memory_gb": 80}],

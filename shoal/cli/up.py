@@ -22,6 +22,9 @@ from shoal.service.launch import LaunchError, choose_port, running_url, start_ba
               help="CPU slots (env SHOAL_CPU_SLOTS; default cores / cores-per-slot).")
 @click.option("--cores-per-slot", type=int, default=None,
               help="Threads per replica on a CPU slot (env SHOAL_CORES_PER_SLOT; default 1).")
+@click.option("--slot-memory-gb", type=float, default=None,
+              help="Memory of one device in GiB, for planning jobs that declare their model "
+                   "(env SHOAL_SLOT_MEMORY_GB; default the GPU's, or RAM / slots).")
 @click.option("--db-url", default=None,
               help="SQLAlchemy URL of the store (default sqlite:///HOME/shoal.db).")
 @click.option("--checkpoint-interval", type=float, default=30.0, show_default=True,
@@ -40,7 +43,8 @@ from shoal.service.launch import LaunchError, choose_port, running_url, start_ba
 @click.option("--foreground", is_flag=True, help="Stay attached (Ctrl-C stops the service).")
 def up_command(home: str | None, port: int | None, policy: str, interval: float,
                device: str | None, slots: int | None, cores_per_slot: int | None,
-               db_url: str | None, checkpoint_interval: float, backend: str,
+               slot_memory_gb: float | None, db_url: str | None, checkpoint_interval: float,
+               backend: str,
                address: str | None, checkpoint_dir: str | None, host: str | None,
                foreground: bool) -> None:
     """Start the scheduler service (returns once its API answers)."""
@@ -52,7 +56,8 @@ def up_command(home: str | None, port: int | None, policy: str, interval: float,
         click.echo(f"shoal is already running at {url} (home {folder})")
         return
     options = {"policy": policy, "interval": interval, "device": device, "slots": slots,
-               "cores_per_slot": cores_per_slot, "db_url": db_url,
+               "cores_per_slot": cores_per_slot, "slot_memory_gb": slot_memory_gb,
+               "db_url": db_url,
                "checkpoint_interval": checkpoint_interval}
     if backend != "local":
         options.update(backend=backend, address=address, checkpoint_dir=checkpoint_dir)

@@ -7,17 +7,22 @@ policies ask a job's goodput model (``optimize``, ``throughput``) from that plan
 allocation under which no plan fits has goodput 0 and drops out of every policy's choices, and
 the others are ranked by the throughput of the plan each would run.
 
-Two ways to pick the plan (``mode``):
+Three ways to pick the plan (``mode``):
 
 * ``"search"``: the fastest plan over data / tensor / pipeline degrees, micro-batching,
   recomputation, ZeRO stage and offload (:func:`shoal.perf.parallel.best_plan`);
 * ``"default"``: a fixed rule, as many clusters run large models today: pure data parallelism
   (no sharding, no recomputation) where it fits, else ZeRO-3 / FSDP full sharding with the least
   recomputation that fits, on all ``K`` devices; the micro-batch and accumulation are chosen as
-  in the search (the fastest that fits).
+  in the search (the fastest that fits);
+* ``"data-parallel"``: the fastest plan without tensor or pipeline parallelism (ZeRO stages,
+  offload, recomputation and micro-batching all allowed): what ``shoal.train.apply_plan``
+  runs, so the real backends plan with it.
 
 The global batch is the job's own and never changes, so goodput is throughput (samples/s).
-Plans are cached per (model, device type, devices, devices per node, batch, mode).
+Plans are cached per (model, device type, devices, devices per node, batch, mode, offload).
+``offload=False`` leaves offloading to host memory out of every mode: on CPU devices the host
+memory is the device memory, so offloading frees nothing.
 """
 
 from __future__ import annotations
@@ -34,8 +39,8 @@ from shoal.perf.models import GPTConfig
 from shoal.perf.parallel import Plan, SearchSpace, best_plan, search_plans
 from shoal.spec.cluster import DeviceType
 
-PlanMode = Literal["search", "default"]
-PLAN_MODES: tuple[PlanMode, ...] = ("search", "default")
+PlanMode = Literal["search", "default", "data-parallel"]
+PLAN_MODES: tuple[PlanMode, ...] = ("search", "default", "data-parallel")
 
 _PURE_DATA_PARALLEL = SearchSpace(zero_stages=(0,), offload=(False,), recompute=("none",))
 _FULLY_SHARDED = SearchSpace(zero_stages=(3,), offload=(False,))
@@ -54,12 +59,17 @@ def default_plan(model: GPTConfig, device: DeviceType, num_devices: int, devices
 
 @lru_cache(maxsize=65536)
 def planned(model: GPTConfig, device: DeviceType, num_devices: int, devices_per_node: int,
-            global_batch: int, mode: PlanMode = "search") -> Plan | None:
+            global_batch: int, mode: PlanMode = "search", offload: bool = True) -> Plan | None:
     """The plan ``mode`` picks for ``num_devices`` devices, or None when none fits."""
+    space = SearchSpace() if offload else SearchSpace(offload=(False,))
     if mode == "search":
-        return best_plan(model, device, num_devices, devices_per_node, global_batch)
+        return best_plan(model, device, num_devices, devices_per_node, global_batch, space)
     if mode == "default":
         return default_plan(model, device, num_devices, devices_per_node, global_batch)
+    if mode == "data-parallel":
+        result = search_plans(model, device, num_devices, devices_per_node, global_batch,
+                              space)
+        return next((p for p in result.plans if p.config.tp == 1 and p.config.pp == 1), None)
     raise ValueError(f"unknown plan mode {mode!r}; use one of {PLAN_MODES}")
 
 
@@ -108,6 +118,7 @@ class PlannedGoodput:
     node_capacity: int
     global_batch: int
     mode: PlanMode = "search"
+    offload: bool = True  # whether plans may offload to host memory (not on CPU devices)
     _memo: dict[tuple[int, int], Plan | None] = field(default_factory=dict, repr=False)
 
     @property
@@ -133,7 +144,7 @@ class PlannedGoodput:
         if key not in self._memo:
             self._memo[key] = None if replicas < 1 else planned(
                 self.model, self.device, replicas, devices_per_node, self.global_batch,
-                self.mode)
+                self.mode, self.offload)
         return self._memo[key]
 
     def _per_pair(self, num_nodes, num_replicas):

@@ -28,6 +28,7 @@ def parse_args(argv: list[str]) -> ServiceConfig:
     parser.add_argument("--device", default=None)
     parser.add_argument("--slots", type=int, default=None)
     parser.add_argument("--cores-per-slot", type=int, default=None)
+    parser.add_argument("--slot-memory-gb", type=float, default=None)
     parser.add_argument("--max-retries", type=int, default=3)
     parser.add_argument("--backoff", type=float, default=2.0)
     parser.add_argument("--checkpoint-interval", type=float, default=30.0)
@@ -46,6 +47,7 @@ def parse_args(argv: list[str]) -> ServiceConfig:
         device=args.device,
         slots=args.slots,
         cores_per_slot=args.cores_per_slot,
+        slot_memory_gb=args.slot_memory_gb,
         max_retries=args.max_retries,
         backoff_s=args.backoff,
         checkpoint_interval_s=args.checkpoint_interval,

@@ -25,6 +25,7 @@ class ServiceConfig:
     device: str | None = None  # auto, cpu, gpu (SHOAL_DEVICE)
     slots: int | None = None  # SHOAL_CPU_SLOTS
     cores_per_slot: int | None = None  # SHOAL_CORES_PER_SLOT
+    slot_memory_gb: float | None = None  # SHOAL_SLOT_MEMORY_GB
     max_retries: int = 3
     backoff_s: float = 2.0
     checkpoint_interval_s: float = 30.0

@@ -69,7 +69,8 @@ class Runner:
         self.lock = threading.RLock()
         for sub in ("logs", "checkpoints", "runs"):
             (config.home / sub).mkdir(parents=True, exist_ok=True)
-        self.pool = detect_pool(config.device, config.slots, config.cores_per_slot)
+        self.pool = detect_pool(config.device, config.slots, config.cores_per_slot,
+                                config.slot_memory_gb)
         self.store = Store(config.database)
         settings = RunSettings(
             home=config.home,
@@ -175,6 +176,8 @@ class Runner:
                 "the local backend runs a program: add e.g. command: [\"python\", \"train.py\"]",
                 field="command",
             )
+        if spec.model is not None and isinstance(self.backend, LocalBackend):
+            self.backend.plan_model(spec)  # refuses a model no allocation here can hold
 
     def submit(self, spec: JobSpec, workdir: Path | None = None) -> dict[str, Any]:
         with self.lock:

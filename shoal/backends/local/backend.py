@@ -16,8 +16,9 @@ from shoal.backends.local.devices import DevicePool
 from shoal.backends.local.job import LocalJob, Phase, RunSettings
 from shoal.backends.local.model import JobModel
 from shoal.backends.local.services import LocalServeJob, check_local_service
+from shoal.core.planned_jobs import PlannedAdmission, admit_model
 from shoal.core.types import Change, ClusterState, JobLimits, JobStatus
-from shoal.spec.cluster import NodeInfo
+from shoal.spec.cluster import ClusterSpec, NodeGroup, NodeInfo
 from shoal.spec.errors import SpecError
 from shoal.spec.job import JobSpec
 
@@ -60,12 +61,31 @@ class LocalBackend:
                 f"this machine offers '{dtype}' devices, the job allows {spec.device_types}",
                 field="device_types",
             )
-        limits = self.base_limits(spec)
+        planned = None
+        if spec.model is not None:
+            admitted = self.plan_model(spec)
+            limits, planned = admitted.limits, admitted.models[dtype]
+        else:
+            limits = self.base_limits(spec)
         self.jobs[spec.name] = LocalJob(
             spec, Path(workdir or self.pending_workdir or Path.cwd()), limits, self.settings,
-            JobModel.for_spec(dtype, spec),
+            JobModel.for_spec(dtype, spec, planned),
         )
         return limits
+
+    def plan_model(self, spec: JobSpec) -> PlannedAdmission:
+        """How a job that declares its model is planned here; SpecError when nothing fits.
+
+        Plans are the ones shoal.train.apply_plan runs (no tensor or pipeline parallelism),
+        without offload where the devices' memory is the host's."""
+        return admit_model(spec, self.cluster_spec(), mode="data-parallel",
+                           offload=bool(self.pool.gpu_ids))
+
+    def cluster_spec(self) -> ClusterSpec:
+        """This machine as a one-node cluster, with the memory plans are bounded by."""
+        device = self.pool.device()
+        return ClusterSpec(name="local", device_types=[device], nodes=[
+            NodeGroup(device_type=device.name, devices_per_node=self.pool.slots, count=1)])
 
     def base_limits(self, spec: JobSpec) -> JobLimits:
         """Limits from the spec alone; the job's reports refine them (see JobModel.limits)."""

@@ -6,6 +6,9 @@ Settings (environment, or arguments of :func:`detect_pool`):
 - ``SHOAL_CPU_SLOTS``: number of CPU slots (default: cores // cores per slot, at least 1).
 - ``SHOAL_CORES_PER_SLOT``: threads given to each replica on a CPU slot (default 1). More
   slots than cores oversubscribes the CPU, which is fine for demos on small machines.
+- ``SHOAL_SLOT_MEMORY_GB``: memory of one device in GiB, the bound a job that declares its model
+  is planned under (default: a GPU's own memory; for CPU slots the machine's memory over the
+  slots).
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from shoal.spec.cluster import DeviceType
 from shoal.spec.errors import SpecError
+
+MEMORY_VARIABLE = "SHOAL_SLOT_MEMORY_GB"
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +32,12 @@ class DevicePool:
     slots: int
     threads_per_slot: int
     gpu_ids: tuple[int, ...] = ()
+    memory_gb: float | None = None  # per device; None: the machine's memory over the slots
+
+    def device(self) -> DeviceType:
+        """The devices as the parallel planner sees them (their memory bounds a plan)."""
+        memory = self.memory_gb or _machine_memory_gb() / self.slots
+        return DeviceType(name=self.device_type, memory_gb=memory)
 
     def describe(self) -> str:
         if self.gpu_ids:
@@ -47,6 +59,29 @@ def _setting_int(value: int | None, env: str, default: int) -> int:
     return number
 
 
+def _setting_float(env: str) -> float | None:
+    raw = os.environ.get(env, "").strip()
+    if not raw:
+        return None
+    try:
+        number = float(raw)
+    except ValueError:
+        raise SpecError(f"{env}={raw!r} is not a number", field=env) from None
+    if number <= 0:
+        raise SpecError(f"{env}={number:g} must be positive", field=env)
+    return number
+
+
+def _machine_memory_gb() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+
+
+def _gpu_memory_gb() -> float:
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory / 2**30
+
+
 def _cuda_devices() -> int:
     """GPU count, importing torch only when a GPU driver is visible at all."""
     if shutil.which("nvidia-smi") is None and not Path("/dev/nvidia0").exists():
@@ -57,7 +92,8 @@ def _cuda_devices() -> int:
 
 
 def detect_pool(
-    device: str | None = None, slots: int | None = None, cores_per_slot: int | None = None
+    device: str | None = None, slots: int | None = None, cores_per_slot: int | None = None,
+    memory_gb: float | None = None,
 ) -> DevicePool:
     device = (device or os.environ.get("SHOAL_DEVICE") or "auto").lower()
     if device not in ("auto", "cpu", "gpu"):
@@ -68,7 +104,9 @@ def detect_pool(
     if gpus:
         count = min(gpus, slots) if slots else gpus
         return DevicePool("gpu", count, _setting_int(cores_per_slot, "SHOAL_CORES_PER_SLOT", 1),
-                          tuple(range(count)))
+                          tuple(range(count)),
+                          memory_gb or _setting_float(MEMORY_VARIABLE) or _gpu_memory_gb())
     per_slot = _setting_int(cores_per_slot, "SHOAL_CORES_PER_SLOT", 1)
     default_slots = max(1, (os.cpu_count() or 1) // per_slot)
-    return DevicePool("cpu", _setting_int(slots, "SHOAL_CPU_SLOTS", default_slots), per_slot)
+    return DevicePool("cpu", _setting_int(slots, "SHOAL_CPU_SLOTS", default_slots), per_slot,
+                      memory_gb=memory_gb or _setting_float(MEMORY_VARIABLE))

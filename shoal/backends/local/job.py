@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import os
 import signal
@@ -29,8 +30,9 @@ log = logging.getLogger(__name__)
 
 EXIT_CHECKPOINTED = 3  # shoal.train.EXIT_CHECKPOINTED; not imported to keep torch out
 # Contract variables a replica must not inherit from the service's own environment.
+PLAN_VARIABLE = "SHOAL_PLAN"  # shoal.train.apply.PLAN_VARIABLE
 STALE_VARIABLES = ("SHOAL_SCHEDULER_URL", "SHOAL_BATCH_SIZE", "SHOAL_MAX_LOCAL_BSZ",
-                   "SHOAL_MAX_BATCH_SIZE", "SHOAL_STANDBY_FILE")
+                   "SHOAL_MAX_BATCH_SIZE", "SHOAL_STANDBY_FILE", PLAN_VARIABLE)
 
 
 class Phase(enum.StrEnum):
@@ -208,6 +210,13 @@ class LocalJob:
         local_bounds = [b for b in (self.model.max_local_bsz, self.spec.max_local_bsz) if b]
         if local_bounds:
             env["SHOAL_MAX_LOCAL_BSZ"] = str(min(local_bounds))
+        if self.model.planned is not None:
+            plan = self.model.plan_for(list(allocation.per_node().values()))
+            if plan is None:  # policies never choose such an allocation; the script falls back
+                log.warning("%s: no plan of %s fits %d %s device(s)", self.name, self.spec.model,
+                            allocation.num_replicas, allocation.device_type)
+            else:
+                env[PLAN_VARIABLE] = json.dumps(plan.to_dict())
         if pool.gpu_ids:
             # The job's own GPUs in rank order, so LOCAL_RANK indexes them (torchrun's way).
             slots = self.slot_ids or tuple(range(allocation.num_replicas))

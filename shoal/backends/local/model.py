@@ -4,6 +4,10 @@ A report (see docs/training.md) carries step and sync times per configuration ``
 replicas, local_bsz, accum_steps)``, the gradient statistics at the initial batch size, batch
 bounds and progress. The throughput model is fitted with the same code the simulator uses
 (:func:`shoal.perf.fit_perf_params`), so the same policies decide for real jobs.
+
+A job that declares its model (``JobSpec.model``) is not fitted: its goodput is the planner's
+(:class:`~shoal.perf.planned.PlannedGoodput`, as in the simulator), at its fixed global batch,
+and its progress is the tokens it has trained over its ``target_tokens``.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import numpy as np
 
 from shoal.core.types import JobLimits, ModelHints
 from shoal.perf import GoodputModel, GradStats, PerfParams, fit_perf_params
+from shoal.perf.parallel import Plan
+from shoal.perf.planned import PlannedGoodput
 from shoal.spec.job import JobSpec
 
 _REFIT_SECONDS = 15.0
@@ -45,14 +51,25 @@ class JobModel:
     epoch_trace: list[dict[str, Any]] = field(default_factory=list)  # see ElasticTrainer
     spec_max_batch_size: int | None = None  # the job spec's bounds cap what the job reports
     spec_max_local_bsz: int | None = None
+    planned: PlannedGoodput | None = None  # a job that declares its model
+    target_tokens: int | None = None
     _fitted_keys: frozenset[tuple[int, int, int, int]] = frozenset()
     _fitted_at: float = 0.0
     _progress_log: list[tuple[float, float]] = field(default_factory=list)
 
     @classmethod
-    def for_spec(cls, device_type: str, spec: JobSpec) -> JobModel:
+    def for_spec(cls, device_type: str, spec: JobSpec,
+                 planned: PlannedGoodput | None = None) -> JobModel:
         return cls(device_type, spec.target_epochs, spec_max_batch_size=spec.max_batch_size,
-                   spec_max_local_bsz=spec.max_local_bsz)
+                   spec_max_local_bsz=spec.max_local_bsz, planned=planned,
+                   target_tokens=spec.target_tokens)
+
+    def plan_for(self, per_node: list[int]) -> Plan | None:
+        """The parallel plan of an allocation (``per_node`` devices on each of its nodes), for
+        a job that declares its model; None for other jobs and where no plan fits."""
+        if self.planned is None:
+            return None
+        return self.planned.plan_on(per_node)
 
     # ----- input -----
     def update(self, report: dict[str, Any], now: float | None = None) -> None:
@@ -81,6 +98,9 @@ class JobModel:
     def _fraction(self, report: dict[str, Any]) -> float:
         if report.get("done"):
             return 1.0
+        if self.planned is not None and self.target_tokens:
+            tokens = float(report.get("samples") or 0) * self.planned.model.seq
+            return min(1.0, tokens / self.target_tokens)
         if not self.target_epochs:
             return 0.0
         position, total = report.get("epoch_position"), report.get("epoch_samples")
@@ -111,7 +131,9 @@ class JobModel:
             self._fitted_keys, self._fitted_at = keys, now
         return self.perf
 
-    def goodput(self, limits: JobLimits) -> GoodputModel | None:
+    def goodput(self, limits: JobLimits) -> GoodputModel | PlannedGoodput | None:
+        if self.planned is not None:
+            return self.planned
         perf = self.perf_params()
         if perf is None or self.grad is None:
             return None
@@ -123,6 +145,8 @@ class JobModel:
     def hints(self, limits: JobLimits) -> ModelHints:
         model = self.goodput(limits)
         profiled = max((int(r["num_replicas"]) for r in self.rows), default=0)
+        if self.planned is not None:  # the planner needs no measurement to trust any size
+            profiled = limits.max_replicas
         return ModelHints(
             goodput={self.device_type: model} if model is not None else {},
             max_profiled_replicas={self.device_type: profiled} if profiled else {},

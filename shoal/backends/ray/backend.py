@@ -22,6 +22,7 @@ from shoal.backends.local.model import JobModel
 from shoal.backends.ray import connect
 from shoal.backends.ray.job import RayJob, RaySettings
 from shoal.backends.ray.nodes import NodeRegistry
+from shoal.core.planned_jobs import PlannedAdmission
 from shoal.core.types import ClusterState, JobLimits
 from shoal.spec.cluster import NodeInfo
 from shoal.spec.errors import SpecError
@@ -93,10 +94,17 @@ class RayBackend(LocalBackend):
         return sum(n.capacity for n in self._state.nodes
                    if not allowed or n.device_type in allowed)
 
+    def plan_model(self, spec: JobSpec) -> PlannedAdmission:
+        raise SpecError("jobs that declare their model are planned on the local backend and "
+                        "the simulator; on Ray, remove model (and target_tokens) and give "
+                        "target_epochs: the job is then profiled as it runs", field="model")
+
     def admit(self, spec: JobSpec, workdir: Path | None = None) -> JobLimits:
         if spec.kind != "train":
             raise SpecError(f"the Ray backend runs training jobs; kind '{spec.kind}' runs on "
                             "the local backend", field="kind")
+        if spec.model is not None:
+            self.plan_model(spec)
         if not spec.command:
             raise SpecError(
                 "the Ray backend runs a program: add e.g. "

@@ -86,6 +86,15 @@ def test_each_run_gets_the_plan_of_its_allocation(tmp_path: Path, memory_gb: flo
     assert env["SHOAL_BATCH_SIZE"] == "8"
 
 
+def test_a_restarted_service_keeps_planning_the_job(tmp_path: Path) -> None:
+    first = _backend(tmp_path, ONE_TOO_SMALL_GB)
+    limits = first.admit(_spec(), tmp_path)
+    adopted = _backend(tmp_path, ONE_TOO_SMALL_GB).adopt(_spec(), tmp_path, limits)
+    assert isinstance(adopted.model.hints(adopted.limits).goodput["cpu"], PlannedGoodput)
+    env = adopted.contract_environment(Allocation("cpu", (0, 0)), 0, 29500)
+    assert get_plan(env=env) is not None
+
+
 def test_jobs_without_a_model_get_no_plan(tmp_path: Path) -> None:
     backend = _backend(tmp_path, 2.0)
     spec = load_job_yaml('name: plain\napplication: tiny\nbatch_size: 16\n'

@@ -46,6 +46,16 @@ def test_ranks_count_per_node_and_rank_zero_is_master(tmp_path: Path) -> None:
         assert "GLOO_SOCKET_IFNAME" not in env  # a real network: each node's own setting
 
 
+def test_gpu_replicas_keep_the_gpu_ray_gives_their_actor(tmp_path: Path) -> None:
+    job = _job(tmp_path, None)
+    job.settings = RaySettings(home=tmp_path, pool=DevicePool("gpu", 2, 1, gpu_ids=(0, 1)))
+    job.slot_ids = (1,)
+    alloc = Allocation("gpu", (0, 1))
+    hosts = [_node(0, "a", "127.0.0.2"), _node(1, "b", "127.0.0.3")]
+    assert "CUDA_VISIBLE_DEVICES" in job.contract_environment(alloc, 0, 29500)
+    assert "CUDA_VISIBLE_DEVICES" not in job.environment(alloc, hosts, 0)
+
+
 def test_loopback_nodes_keep_gloo_on_lo_and_default_checkpoints(tmp_path: Path) -> None:
     job = _job(tmp_path, None)
     hosts = [_node(0, "a", "127.0.0.2"), _node(1, "b", "127.0.0.3")]

@@ -214,8 +214,9 @@ class LocalBackend:
 
     def adopt(self, spec: JobSpec, workdir: Path, limits: JobLimits) -> LocalJob:
         """Re-create a job after a service restart; its replicas are re-adopted if alive."""
+        planned = self.plan_model(spec).models[self.pool.device_type] if spec.model else None
         job = LocalJob(spec, workdir, limits, self.settings,
-                       JobModel.for_spec(self.pool.device_type, spec))
+                       JobModel.for_spec(self.pool.device_type, spec, planned))
         job.adopt(self.now())
         self.jobs[spec.name] = job
         return job

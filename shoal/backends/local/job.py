@@ -219,7 +219,7 @@ class LocalJob:
                 env[PLAN_VARIABLE] = json.dumps(plan.to_dict())
         if pool.gpu_ids:
             # The job's own GPUs in rank order, so LOCAL_RANK indexes them (torchrun's way).
-            slots = self.slot_ids or tuple(range(allocation.num_replicas))
+            slots = self.slot_ids
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(pool.gpu_ids[s]) for s in slots)
         return env
 
@@ -482,8 +482,11 @@ class LocalJob:
         if replicas and data.get("phase") in (Phase.RUNNING, Phase.STOPPING):
             self.phase = Phase.RUNNING
             self.target = self.running_allocation
-            # Its processes still hold these GPUs: no other job may be given them.
-            self.slot_ids = tuple(int(s) for s in data.get("slot_ids") or [])  # type: ignore[union-attr]
+            # Its processes still hold these GPUs: no other job may be given them. State
+            # written before slots were recorded started a job on the first GPUs.
+            recorded = data.get("slot_ids")
+            self.slot_ids = (tuple(int(s) for s in recorded) if recorded is not None  # type: ignore[union-attr]
+                             else tuple(range(len(replicas))))
             self._last_tick = now
             log.info("%s: adopted %d replica(s) of attempt %d", self.name, len(replicas),
                      self.attempt)

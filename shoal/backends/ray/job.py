@@ -105,6 +105,9 @@ class RayJob(LocalJob):
         """The local contract, with node-aware local ranks and rank 0's node as master."""
         env = self.contract_environment(allocation, rank, 0)
         env.pop("MASTER_PORT", None)  # rank 0's actor picks a free port on its node
+        # Ray gives each replica's actor its GPU and sets CUDA_VISIBLE_DEVICES there; the
+        # service machine's GPU slots say nothing about other nodes' devices.
+        env.pop("CUDA_VISIBLE_DEVICES", None)
         node = hosts[rank].ray_id
         on_node = [r for r, h in enumerate(hosts) if h.ray_id == node]
         env.update(

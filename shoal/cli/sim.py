@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from shoal.perf.planned import PLAN_MODES
 from shoal.spec.errors import SpecError
 
 SUMMARY_COLUMNS = [
@@ -60,6 +61,7 @@ def run_one(task: dict[str, Any]) -> dict[str, Any]:
         interval=task["interval"],
         restart_delay=task["restart_delay"],
         seed=task["seed"],
+        plan_mode=task.get("plan_mode", "search"),
     )
     report = summarize(result)
     report["workload"] = Path(task["workload"]).stem
@@ -110,8 +112,10 @@ def _by_policy(reports: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 @click.option("--knob", "knobs", multiple=True, metavar="KEY=VALUE",
               help="override a knob of the shoal policies (ShoalKnobs), e.g. restart_delay=30; "
                    "repeatable")
+@click.option("--plan-mode", type=click.Choice(PLAN_MODES), default="search", show_default=True,
+              help="how jobs that declare a model pick their parallel plan per allocation")
 def sim_command(workload, policy, cluster, profiles, json_out, plot_out, seed, interval,
-                restart_delay, parallel, knobs) -> None:
+                restart_delay, parallel, knobs, plan_mode) -> None:
     """Simulate a workload trace under one or more policies and compare them."""
     from shoal.backends.sim.locate import default_profiles
     from shoal.policy import POLICIES
@@ -142,7 +146,7 @@ def sim_command(workload, policy, cluster, profiles, json_out, plot_out, seed, i
     tasks = [
         {"workload": str(f), "policy": p, "cluster": cluster, "profiles": str(profile_dir),
          "interval": interval, "restart_delay": restart_delay, "seed": seed,
-         "knobs": overrides}
+         "knobs": overrides, "plan_mode": plan_mode}
         for f in files for p in policies
     ]
     reports: list[dict[str, Any]] = []

@@ -52,6 +52,9 @@ def summarize(result, fairness: bool = True) -> dict[str, Any]:
             "profiling_device_seconds": rec.profiling_seconds,
             "failure": rec.failure,
         })
+        plans = getattr(result, "plans", {}).get(rec.name)
+        if plans:  # a job that declares its model: the plan of each allocation, in order
+            jobs[-1]["plans"] = plans
     if fairness and hasattr(result, "isolated_jct"):
         for row in jobs:
             iso = result.isolated_jct.get(row["name"])

@@ -171,7 +171,9 @@ _WORKLOAD_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size"
 def load_workload_csv(path: str | Path) -> list[JobSpec]:
     """Jobs from a Pollux-format workload trace: ``name,time,application,num_replicas,batch_size``.
 
-    Extra columns ``tenant`` and ``weight`` are honoured when present.
+    Extra columns ``tenant``, ``weight``, ``model`` and ``target_tokens`` are honoured where a
+    row fills them (a row with a ``model`` is a job that declares its architecture; see
+    ``JobSpec.model``).
     """
     path = Path(path)
     with path.open(newline="") as handle:
@@ -191,7 +193,7 @@ def load_workload_csv(path: str | Path) -> list[JobSpec]:
                 "num_replicas": int(row["num_replicas"]),
                 "batch_size": int(row["batch_size"]),
             }
-            for extra in ("tenant", "weight"):
+            for extra in ("tenant", "weight", "model", "target_tokens"):
                 if row.get(extra):
                     data[extra] = row[extra]
             jobs.append(parse_job(data, source=f"{path}:{line}"))

@@ -60,3 +60,31 @@ def test_sim_knobs_tune_shoal_and_bad_knobs_are_named(tmp_path, pollux_data):
         assert result.exit_code == 2 and message in result.output, result.output
     result = runner.invoke(cli, [*base[:4], "pollux", *base[5:], "--knob", "p=-1"])
     assert result.exit_code == 2 and "add one to --policy" in result.output
+
+
+def test_sim_runs_model_declared_jobs_of_a_workload_csv_under_each_plan_mode(tmp_path):
+    cluster = tmp_path / "one-node.yaml"
+    cluster.write_text(
+        "name: one-node\n"
+        "device_types: [{name: a100-80g, memory_gb: 80, peak_tflops: 312, "
+        "intra_node_gbps: 300, inter_node_gbps: 25}]\n"
+        "nodes: [{device_type: a100-80g, devices_per_node: 8, count: 1}]\n")
+    workload = tmp_path / "llm.csv"
+    workload.write_text("name,time,application,num_replicas,batch_size,model,target_tokens\n"
+                        "ft-13b,0,,8,64,llama-13b,2000000\n")
+    runner = CliRunner()
+    runs = {}
+    for mode in ("search", "default"):
+        result = runner.invoke(cli, ["sim", "--workload", str(workload), "--policy", "shoal",
+                                     "--cluster", str(cluster), "--plan-mode", mode,
+                                     "--json", "-"])
+        assert result.exit_code == 0, result.output
+        (job,) = json.loads(result.stdout)["jobs"]  # one run: the report itself
+        assert job["state"] == "finished" and job["application"] == "llama-13b"
+        runs[mode] = job
+    # The search's plans include the default rule's, so its job is at least as fast.
+    assert runs["search"]["jct_s"] <= runs["default"]["jct_s"]
+    default_plan = runs["default"]["plans"][-1]["plan"]
+    assert default_plan["tp"] == default_plan["pp"] == 1
+    result = runner.invoke(cli, ["sim", "--workload", str(workload), "--plan-mode", "best"])
+    assert result.exit_code == 2 and "plan-mode" in result.output

@@ -164,6 +164,7 @@ def real_summary(load: LoadResult) -> dict[str, float]:
     summary["mean_batch_size"] = float(load.batch_size[served].mean()) if served.any() else 0.0
     summary["p99_send_lag_s"] = load.summary.get("p99_send_lag_s", 0.0)
     summary["errors"] = load.summary.get("errors", 0)
+    summary["rejected_503"] = load.summary.get("rejected_503", 0)
     return summary
 
 

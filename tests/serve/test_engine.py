@@ -6,6 +6,7 @@ import numpy as np
 
 from shoal.serve.profiles import GroupSpec, WorkLatencyModel
 from shoal.serve.sim.engine import BatchingConfig
+from shoal.serve.sim.metrics import summarize_requests
 from shoal.serve.sim.run import ReplicaGroup, sim_group, simulate, summarize
 from shoal.serve.sim.workload import Workload
 
@@ -72,6 +73,13 @@ def test_requests_of_unplaced_models_are_misses(unit_devices):
     summary = summarize(simulate(group, wl, WorkLatencyModel(), np.full(2, 10.0),
                                  BatchingConfig()))
     assert summary["slo_attainment"] == 0.5 and summary["rejected"] == 1
+
+
+def test_misses_split_into_late_and_not_served() -> None:
+    summary = summarize_requests(np.array([0.0, 1.0, 2.0, 3.0]),
+                                 np.array([0.5, 3.0, np.inf, 3.2]), np.full(4, 2.5))
+    assert (summary["served"], summary["late"], summary["rejected"]) == (3, 2, 1)
+    assert summary["slo_attainment"] == 0.25
 
 
 def test_dispatch_balances_over_replicas(unit_devices):

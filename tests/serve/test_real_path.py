@@ -83,10 +83,17 @@ def _fidelity(cluster) -> tuple[dict, str, float]:
     report = run_fast(run_fidelity_on(cluster, FIDELITY))
     load = max(load_before, os.getloadavg()[0])
     real, sim = report["real"], report["sim"]
-    summary = (f"real {real['slo_attainment']:.3f} p99 {real['p99_latency_s']:.4f}; "
-               f"sim {sim['slo_attainment']:.3f} p99 {sim['p99_latency_s']:.4f}; "
-               f"send lag p99 {real['p99_send_lag_s']:.4f} s; load average {load:.1f}")
+    summary = (f"real {real['slo_attainment']:.3f} p99 {real['p99_latency_s']:.4f} "
+               f"({_outcomes(real)}: {real['rejected_503']} rejected, {real['errors']} "
+               f"errors); sim {sim['slo_attainment']:.3f} p99 {sim['p99_latency_s']:.4f} "
+               f"({_outcomes(sim)}); send lag p99 {real['p99_send_lag_s']:.4f} s; "
+               f"load average {load:.1f}")
     return report, summary, load
+
+
+def _outcomes(summary: dict) -> str:
+    return (f"{summary['served'] - summary['late']} in time, {summary['late']} late, "
+            f"{summary['rejected']} not served")
 
 
 def _within_bounds(report: dict) -> bool:
@@ -121,5 +128,9 @@ def test_simulator_predicts_the_real_path(cluster):
         pytest.skip(f"machine too busy for a timing check ({summary})")
     assert real["requests"] == sim["requests"] > 200
     assert real["errors"] == 0
+    for side in (real, sim):
+        assert side["served"] + side["rejected"] == side["requests"]
+        in_time = side["served"] - side["late"]
+        assert in_time == pytest.approx(side["slo_attainment"] * side["requests"])
     assert report["gap"]["attainment_gap_points"] <= 5.0, summary
     assert report["gap"]["p99_relative_error"] <= 0.50, summary

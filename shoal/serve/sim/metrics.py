@@ -17,6 +17,7 @@ def summarize_requests(arrival_s: np.ndarray, finish_s: np.ndarray,
     return {
         "requests": int(n),
         "served": int(served.sum()),
+        "late": int((served & ~good).sum()),  # served after the deadline
         "rejected": int(n - served.sum()),
         "slo_attainment": float(good.mean()) if n else 1.0,
         "mean_latency_s": float(latency.mean()) if len(latency) else float("nan"),

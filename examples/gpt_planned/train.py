@@ -12,9 +12,10 @@ of a fixed set of random sequences until the job's target tokens are done. Rank 
 
 This example does not checkpoint: a run that is stopped (a resize) starts again from step 0.
 
-Outside shoal, ``--micro-batch`` gives the plan:
+Outside shoal the plan is plain data parallelism with ``--micro-batch`` (default: the whole
+local batch at once):
 
-    torchrun --nproc_per_node 2 examples/gpt_planned/train.py --micro-batch 4
+    torchrun --nproc_per_node 2 examples/gpt_planned/train.py --micro-batch 2
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from shoal.train import apply_plan, get_plan
 from shoal.train.plan import ReferenceGPT
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="gpt:layers=2,hidden=64,heads=2,seq=32,vocab=128")
     parser.add_argument("--batch-size", type=int, default=8, help="global batch in sequences")
@@ -42,17 +43,14 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=None,
                         help="the plan outside shoal: data parallel with this micro-batch")
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--max-steps", type=int, default=None, help="stop early (smoke tests)")
     parser.add_argument("--out", default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    fallback = None
-    if args.micro_batch:
-        fallback = {"dp": world, "micro_batch": args.micro_batch,
-                    "accumulation": args.batch_size // (world * args.micro_batch)}
-    plan = get_plan(fallback)
-    if plan is None:
-        raise SystemExit("no plan: run under shoal (SHOAL_PLAN) or pass --micro-batch")
+    local = args.batch_size // world
+    micro = args.micro_batch or local
+    plan = get_plan({"dp": world, "micro_batch": micro, "accumulation": max(1, local // micro)})
     if plan.global_batch != args.batch_size or plan.dp != world:
         raise SystemExit(f"the plan (dp {plan.dp}, global batch {plan.global_batch}) does not "
                          f"match this run (world {world}, --batch-size {args.batch_size})")
@@ -69,7 +67,12 @@ def main() -> None:
     tokens = torch.randint(0, config.vocab, (args.batch_size, config.seq), generator=generator)
     batch = (tokens, torch.roll(tokens, -1, dims=1))
     steps = math.ceil(args.tokens / (config.seq * args.batch_size))
-    losses = [float(applied.step(applied.local_share(batch), optimizer)) for _ in range(steps)]
+    steps = min(steps, args.max_steps or steps)
+    losses = []
+    for step in range(1, steps + 1):
+        losses.append(float(applied.step(applied.local_share(batch), optimizer)))
+        if applied.rank == 0:
+            print(f"step={step} loss={losses[-1]:.4f}", flush=True)
 
     if applied.rank == 0:
         out = Path(args.out or Path(os.environ.get("SHOAL_CHECKPOINT_DIR", ".")) / "result.json")

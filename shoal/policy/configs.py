@@ -105,6 +105,8 @@ class ConfigTable:
     nodes: np.ndarray
     replicas: np.ndarray
     lookup: dict[tuple[str, int, int], int]
+    devices: np.ndarray  # per type in ``types``: its devices
+    node_counts: np.ndarray  # per type in ``types``: its nodes
 
     @classmethod
     def of(cls, cluster: ClusterState, configs: Sequence[Config] | None = None) -> ConfigTable:
@@ -119,6 +121,8 @@ class ConfigTable:
             np.array([c.nodes for c in configs], dtype=int),
             np.array([c.replicas for c in configs], dtype=int),
             {(c.device_type, c.nodes, c.replicas): i for i, c in enumerate(configs)},
+            np.array([cluster.capacity(t) for t in types], dtype=int),
+            np.array([len(cluster.nodes_of(t)) for t in types], dtype=int),
         )
 
     def index_of(self, alloc: Allocation | None) -> int | None:
@@ -190,14 +194,13 @@ def solve(
     for j in range(cost.shape[0]):
         index = np.nonzero(np.isfinite(cost[j]))[0]
         rows.append(Row(index, cost[j, index]))
-    return solve_rows(rows, idle, ConfigTable.of(cluster, configs), cluster, forced, time_limit)
+    return solve_rows(rows, idle, ConfigTable.of(cluster, configs), forced, time_limit)
 
 
 def solve_rows(
     rows: Sequence[Row],
     idle: np.ndarray,
     table: ConfigTable,
-    cluster: ClusterState,
     forced: Mapping[int, int] | None = None,
     time_limit: float = 10.0,
 ) -> Solution:
@@ -238,9 +241,8 @@ def solve_rows(
         shape=(num_rows, nvar),
     ).tocsr()
     upper = np.ones(num_rows)
-    for t, dtype in enumerate(device_types):
-        upper[jobs + 2 * t] = cluster.capacity(dtype)
-        upper[jobs + 2 * t + 1] = len(cluster.nodes_of(dtype))
+    upper[jobs::2] = table.devices
+    upper[jobs + 1::2] = table.node_counts
     pinned = sorted(forced)
     relaxation = _solve_relaxation(objective, matrix, upper, pinned)
     x = _integral(relaxation, matrix, upper, pinned)

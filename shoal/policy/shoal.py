@@ -223,7 +223,7 @@ class ShoalPolicy:
                 rows.append(Row(index, sign * weight * speedup**k.p))
             if not job.spec.preemptible and current is not None:
                 forced[j] = current
-        solution = solve_rows(rows, idle, table, cluster, forced)
+        solution = solve_rows(rows, idle, table, forced)
         self.last_status = solution.status
         chosen = {jobs[j].name: table.configs[c]
                   for j, c in enumerate(solution.choice) if c is not None}

@@ -56,7 +56,7 @@ class SiaPolicy:
             with np.errstate(divide="ignore"):
                 rows.append(Row(index, speedup**self.p))
         idle = np.full(len(jobs), self.no_alloc_penalty)
-        solution = solve_rows(rows, idle, table, cluster)
+        solution = solve_rows(rows, idle, table)
         self.last_status = solution.status
         chosen = {jobs[j].name: table.configs[c]
                   for j, c in enumerate(solution.choice) if c is not None}

@@ -74,8 +74,9 @@ class RayBackend(LocalBackend):
             per_type[node.device_type] = per_type.get(node.device_type, 0) + node.capacity
         base = self._base_pool
         return RayPool(",".join(per_type) or base.device_type, sum(per_type.values()),
-                       base.threads_per_slot, (), getattr(self, "address", ""),
-                       len({n.ray_id for n in nodes}), tuple(per_type.items()))
+                       base.threads_per_slot, address=getattr(self, "address", ""),
+                       num_nodes=len({n.ray_id for n in nodes}),
+                       per_type=tuple(per_type.items()))
 
     @pool.setter
     def pool(self, value: DevicePool) -> None:

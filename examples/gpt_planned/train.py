@@ -10,7 +10,11 @@ of a fixed set of random sequences until the job's target tokens are done. Rank 
 ``result.json`` (the plan, the losses, the world size) into ``SHOAL_CHECKPOINT_DIR`` (or
 ``--out``).
 
-This example does not checkpoint: a run that is stopped (a resize) starts again from step 0.
+The job is elastic: it writes the full (unsharded) model and optimizer state every
+``SHOAL_CHECKPOINT_INTERVAL`` seconds and when asked to stop (SIGTERM, a resize), then exits with
+``shoal.train.EXIT_CHECKPOINTED``. The next run, on any number of devices and under the plan of
+its new allocation, loads that state (``AppliedPlan.load_full_state``) and continues from the
+step it stopped at. It reports the samples it has trained, which is the job's progress.
 
 Outside shoal the plan is plain data parallelism with ``--micro-batch`` (default: the whole
 local batch at once):
@@ -25,14 +29,28 @@ import dataclasses
 import json
 import math
 import os
+import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from shoal.perf.catalog import parse_model
-from shoal.train import apply_plan, get_plan
+from shoal.train import EXIT_CHECKPOINTED, apply_plan, get_plan
 from shoal.train.plan import ReferenceGPT
+from shoal.train.report import Reporter
+from shoal.train.signals import ResizeSignal
+
+STATE_FILE = "plan_state.pt"
+
+
+def _agree(flags: list[bool], world: int) -> list[bool]:
+    """Each flag true on any rank, on every rank: all ranks stop or save at the same step."""
+    if world == 1:
+        return flags
+    values = torch.tensor([float(f) for f in flags])
+    dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return [bool(v) for v in values]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -62,23 +80,62 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     applied = apply_plan(ReferenceGPT(config, dropout=0.0), plan)
     optimizer = applied.optimizer(torch.optim.AdamW, lr=args.lr)
+    checkpoint_dir = os.environ.get("SHOAL_CHECKPOINT_DIR")
+    state_path = Path(checkpoint_dir) / STATE_FILE if checkpoint_dir else None
+    interval = float(os.environ.get("SHOAL_CHECKPOINT_INTERVAL", "30"))
+    stop = ResizeSignal(Path(checkpoint_dir) if checkpoint_dir else None)
+    reporter = Reporter(os.environ.get("SHOAL_SCHEDULER_URL"), os.environ.get("SHOAL_JOB", ""))
+    done, losses, runs = 0, [], []
+    if state_path is not None and state_path.exists():
+        saved = torch.load(state_path, weights_only=False) if applied.rank == 0 else None
+        meta = [saved["meta"] if saved else None]
+        if world > 1:
+            dist.broadcast_object_list(meta, src=0)
+        done, losses, runs = meta[0]["step"], meta[0]["losses"], meta[0]["runs"]
+        applied.load_full_state(optimizer, saved["state"] if saved else None)
+    runs.append({"world_size": world, "plan": dataclasses.asdict(plan), "first_step": done + 1})
+
+    def checkpoint() -> None:
+        state = applied.full_state(optimizer)
+        if applied.rank == 0 and state_path is not None:
+            meta = {"step": done, "losses": losses, "runs": runs}
+            tmp = state_path.with_suffix(".tmp")
+            torch.save({"meta": meta, "state": state}, tmp)
+            os.replace(tmp, state_path)
+
     # One global batch of sequences, learned by heart: the loss falls within a few steps.
     generator = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, config.vocab, (args.batch_size, config.seq), generator=generator)
     batch = (tokens, torch.roll(tokens, -1, dims=1))
     steps = math.ceil(args.tokens / (config.seq * args.batch_size))
     steps = min(steps, args.max_steps or steps)
-    losses = []
-    for step in range(1, steps + 1):
+    last_save = time.monotonic()
+    while done < steps:
         losses.append(float(applied.step(applied.local_share(batch), optimizer)))
+        done += 1
         if applied.rank == 0:
-            print(f"step={step} loss={losses[-1]:.4f}", flush=True)
+            print(f"step={done} loss={losses[-1]:.4f}", flush=True)
+            reporter.submit({"steps": done, "samples": done * args.batch_size,
+                             "batch_size": args.batch_size})
+        due = state_path is not None and time.monotonic() - last_save >= interval
+        stopping, saving = _agree([stop.requested(), due], world)
+        if stopping and state_path is not None:
+            checkpoint()
+            stop.clear_file()
+            reporter.close()
+            raise SystemExit(EXIT_CHECKPOINTED)
+        if saving:
+            checkpoint()
+            last_save = time.monotonic()
 
     if applied.rank == 0:
-        out = Path(args.out or Path(os.environ.get("SHOAL_CHECKPOINT_DIR", ".")) / "result.json")
+        reporter.submit({"steps": done, "samples": done * args.batch_size, "done": True})
+        reporter.close()
+        out = Path(args.out or Path(checkpoint_dir or ".") / "result.json")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"plan": dataclasses.asdict(plan), "sharding": applied.sharding,
-                                   "world_size": world, "steps": steps, "losses": losses}))
+                                   "world_size": world, "steps": done, "losses": losses,
+                                   "runs": runs}))
     if world > 1:
         dist.destroy_process_group()
 

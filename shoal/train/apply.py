@@ -517,6 +517,60 @@ class AppliedPlan:
         self.zero_grad(optimizer)
         return loss
 
+    # ----- checkpoints that any plan and world size can resume from -----
+    def _module(self) -> nn.Module:
+        return (self.model.module if isinstance(self.model, nn.parallel.DistributedDataParallel)
+                else self.model)
+
+    def full_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+        """The model's and ``optimizer``'s whole state, unsharded and keyed by parameter name,
+        on rank 0 (None on the other ranks).
+
+        Every rank must call it: sharded states are gathered. :meth:`load_full_state` restores
+        it under any plan and number of ranks, so a job resized onto another plan (ZeRO-3 on
+        four devices to plain data parallelism on two, say) resumes where it stopped.
+        """
+        if self.sharding in ("ddp+zero1", "zero2"):
+            # ZeroRedundancyOptimizer: each rank holds its parameters' optimizer state.
+            optimizer.consolidate_state_dict(to=0)  # type: ignore[attr-defined]
+            if self.rank != 0:
+                return None
+            module = self._module()
+            return _snapshot({"model": module.state_dict(),
+                              "optimizer": _optimizer_state_by_name(optimizer.state_dict(),
+                                                                    module)})
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        model_state, optimizer_state = get_state_dict(
+            self.model, optimizer, options=StateDictOptions(full_state_dict=True,
+                                                            cpu_offload=True))
+        if self.rank != 0:
+            return None
+        return _snapshot({"model": model_state, "optimizer": optimizer_state})
+
+    def load_full_state(self, optimizer: torch.optim.Optimizer,
+                        state: dict[str, Any] | None) -> None:
+        """Restore a :meth:`full_state` (needed on rank 0 only; every rank must call this)."""
+        if self.world_size > 1:
+            shared = [state]
+            dist.broadcast_object_list(shared, src=0)
+            state = shared[0]
+        if state is None:
+            raise ValueError("load_full_state needs the state on rank 0")
+        # Optimizers adopt loaded tensors as their own buffers and the loaders rename keys in
+        # place: load a copy, so the caller's state stays as it was.
+        state = _snapshot(state)
+        if self.sharding in ("ddp+zero1", "zero2"):
+            module = self._module()
+            module.load_state_dict(state["model"])
+            optimizer.load_state_dict(_optimizer_state_by_index(state["optimizer"], module))
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        set_state_dict(self.model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"],
+                       options=StateDictOptions(full_state_dict=True))
+
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         """Clear gradients after a step: freed, except under DDP.
 
@@ -525,6 +579,36 @@ class AppliedPlan:
         accumulate under ``no_sync``.
         """
         optimizer.zero_grad(set_to_none=not self.sharding.startswith("ddp"))
+
+
+def _snapshot(state: dict[str, Any]) -> dict[str, Any]:
+    """Copies of the tensors in ``state``: unsharded state dicts share the live parameters'
+    and optimizer buffers, which the next step would change under the caller."""
+    return torch.utils._pytree.tree_map(
+        lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, state)
+
+
+def _parameter_names(module: nn.Module) -> list[str]:
+    """Names of ``module.parameters()`` in their order (tied parameters once)."""
+    return [name for name, _ in module.named_parameters()]
+
+
+def _optimizer_state_by_name(state: dict[str, Any], module: nn.Module) -> dict[str, Any]:
+    """A ``torch.optim`` state dict keyed by parameter index (the optimizer was built over
+    ``module.parameters()``) re-keyed by parameter name, as ``get_state_dict`` keys it."""
+    names = _parameter_names(module)
+    groups = [{**group, "params": [names[i] for i in group["params"]]}
+              for group in state["param_groups"]]
+    return {"state": {names[i]: value for i, value in state["state"].items()},
+            "param_groups": groups}
+
+
+def _optimizer_state_by_index(state: dict[str, Any], module: nn.Module) -> dict[str, Any]:
+    index = {name: i for i, name in enumerate(_parameter_names(module))}
+    groups = [{**group, "params": [index[name] for name in group["params"]]}
+              for group in state["param_groups"]]
+    return {"state": {index[name]: value for name, value in state["state"].items()},
+            "param_groups": groups}
 
 
 def _unsupported(plan: TrainingPlan) -> None:

@@ -21,7 +21,7 @@ from shoal.spec.errors import SpecError
 from shoal.spec.job import load_job_yaml
 from shoal.train import get_plan
 from shoal.train.apply import TrainingPlan
-from tests.service.helpers import REPO, all_done, running_service, wait_until
+from tests.service.helpers import REPO, all_done, job_yaml, running_service, wait_until
 
 EXAMPLE = REPO / "examples" / "gpt_planned" / "job.yaml"
 MODEL = "gpt:layers=2,hidden=64,heads=2,seq=32,vocab=128"
@@ -125,3 +125,38 @@ def test_the_example_trains_under_the_plan_of_the_size_it_was_given(tmp_path: Pa
     assert TrainingPlan(**result["plan"]) == TrainingPlan.from_config(expected.config)
     assert result["plan"]["zero_stage"] > 0  # sharded: unsharded state does not fit a slot
     assert result["steps"] == 20 and result["losses"][-1] < 0.5 * result["losses"][0]
+
+
+BOTH_FIT_GB = 1 + 2.0 / 1024  # one slot: no sharding, full recompute; two: ZeRO-2
+
+
+def test_a_resize_changes_the_plan_and_the_job_resumes_where_it_stopped(
+        tmp_path: Path) -> None:
+    """The job runs on both slots until a second job arrives, is shrunk to one slot, and
+    resumes there from its checkpoint under the one-slot plan: every step once, none lost."""
+    steps = 400
+    spec = (EXAMPLE.read_text().replace("target_tokens: 5120", f"target_tokens: {steps * 256}")
+            .replace('"--tokens", "5120"', f'"--tokens", "{steps * 256}"')
+            + f"workdir: {REPO}\n")
+    with running_service(tmp_path / "home", slot_memory_gb=BOTH_FIT_GB,
+                         policy="shoal") as service:
+        assert service.submit(spec).status_code == 201
+        wait_until(lambda: (service.job("gpt-planned")["allocation"] or {}).get("replicas") == 2
+                   and service.job("gpt-planned")["state"] == "running", 120,
+                   "the job to run on both slots", service.diagnostics)
+        state = service.home / "checkpoints" / "gpt-planned"
+        wait_until(lambda: (state / "plan_state.pt").exists() or any(
+            "step=20 " in p.read_text() for p in (service.home / "logs" / "gpt-planned")
+            .glob("rank0.log")), 120, "the job to train", service.diagnostics)
+        other = job_yaml("other", epochs=30, sleep=0.05, max_replicas=1)
+        assert service.submit(other + f"workdir: {REPO}\n").status_code == 201
+        wait_until(lambda: all_done(service, ["gpt-planned", "other"]), 240,
+                   "both jobs to finish", service.diagnostics)
+        assert service.job("gpt-planned")["state"] == "finished", service.diagnostics()
+        result = json.loads((state / "result.json").read_text())
+    runs = result["runs"]
+    assert [r["world_size"] for r in runs][:2] == [2, 1], runs
+    assert runs[0]["plan"]["zero_stage"] == 2 and runs[1]["plan"]["dp"] == 1
+    assert runs[1]["first_step"] > 1  # resumed, not restarted from scratch
+    assert result["steps"] == len(result["losses"]) == steps  # every step exactly once
+    assert result["losses"][-1] < 0.5 * result["losses"][0]

@@ -153,6 +153,64 @@ def run_trajectory(rank: int, world: int) -> dict[str, Any]:
     return {"rank": rank, "world": world, "runs": runs}
 
 
+RESUME_STEPS = 2  # steps before the checkpoint, and as many after it
+
+
+def resume_batches(global_batch: int) -> list[Any]:
+    generator = torch.Generator().manual_seed(2)
+    return [random_batch(TRAJECTORY_MODEL, global_batch, generator)
+            for _ in range(2 * RESUME_STEPS)]
+
+
+def _fresh(plan: TrainingPlan, seed: int) -> tuple[AppliedPlan, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    applied = apply_plan(ReferenceGPT(TRAJECTORY_MODEL, dropout=0.0), plan)
+    return applied, applied.optimizer(torch.optim.Adam, lr=LEARNING_RATE)
+
+
+def _steps(applied: AppliedPlan, optimizer: torch.optim.Optimizer,
+           batches: list[Any]) -> list[float]:
+    return [float(applied.step(applied.local_share(batch), optimizer)) for batch in batches]
+
+
+def resume_reference(global_batch: int) -> tuple[list[float], dict[str, Any] | None]:
+    """One process, uninterrupted: the losses of every step, and the full state after the
+    first ``RESUME_STEPS``."""
+    applied, optimizer = _fresh(TrainingPlan(micro_batch=global_batch), seed=0)
+    batches = resume_batches(global_batch)
+    losses = _steps(applied, optimizer, batches[:RESUME_STEPS])
+    state = applied.full_state(optimizer)
+    return losses + _steps(applied, optimizer, batches[RESUME_STEPS:]), state
+
+
+def resume_in_one_process(state: dict[str, Any], global_batch: int) -> list[float]:
+    """Load ``state`` into a differently initialised one-process model; train the rest."""
+    applied, optimizer = _fresh(TrainingPlan(micro_batch=global_batch), seed=1)
+    applied.load_full_state(optimizer, state)
+    return _steps(applied, optimizer, resume_batches(global_batch)[RESUME_STEPS:])
+
+
+def run_resume(rank: int, world: int, out: str) -> dict[str, Any]:
+    """Per ZeRO stage: train from scratch and write the full state after ``RESUME_STEPS``
+    (``OUT.zeroN.pt``); then load the one-process state ``OUT.single.pt`` into a differently
+    initialised model under the same plan and train the remaining steps."""
+    single = torch.load(f"{out}.single.pt", weights_only=False) if rank == 0 else None
+    runs = {}
+    for zero in (0, 1, 2, 3):
+        plan = TrainingPlan(dp=world, zero_stage=zero, **TRAJECTORY_PLAN)
+        batches = resume_batches(plan.global_batch)
+        applied, optimizer = _fresh(plan, seed=0)
+        first = _steps(applied, optimizer, batches[:RESUME_STEPS])
+        state = applied.full_state(optimizer)
+        if rank == 0:
+            torch.save(state, f"{out}.zero{zero}.pt")
+        applied, optimizer = _fresh(plan, seed=1)
+        applied.load_full_state(optimizer, single)
+        runs[f"zero{zero}"] = {"first": first,
+                               "resumed": _steps(applied, optimizer, batches[RESUME_STEPS:])}
+    return {"rank": rank, "world": world, "runs": runs}
+
+
 def run_rank(task: str, out: str, env: dict[str, str] | None = None) -> None:
     """One rank's whole run; ``env`` (the torchrun variables) is added to the environment."""
     os.environ.update(env or {})
@@ -162,6 +220,8 @@ def run_rank(task: str, out: str, env: dict[str, str] | None = None) -> None:
         rank, world = dist.get_rank(), dist.get_world_size()
         if task == "trajectory":
             result = run_trajectory(rank, world)
+        elif task == "resume":
+            result = run_resume(rank, world, out)
         else:
             result = run_memory(rank, world, MEMORY_PLANS if task == "memory" else ALL_PLANS)
             if rank == 0:

@@ -356,6 +356,33 @@ def test_zero2_partitions_gradients_and_optimizer_state(fsdp_memory: list[dict])
         assert peak == pytest.approx(predicted["peak"], rel=0.05)
 
 
+def test_a_checkpoint_resumes_under_any_plan_and_world_size(tmp_path: Path) -> None:
+    """A resize changes the plan and the number of ranks: the full state written under one
+    (one process; two ranks under ZeRO 0-3) resumes under the other, and the losses after it
+    are those of a run that never stopped."""
+    global_batch = 2 * apply_worker.TRAJECTORY_PLAN["micro_batch"] \
+        * apply_worker.TRAJECTORY_PLAN["accumulation"]
+    steps = apply_worker.RESUME_STEPS
+    reference, state = apply_worker.resume_reference(global_batch)
+    assert state is not None
+    torch.save(state, tmp_path / "resume.json.single.pt")
+    ranks = _run_two_ranks("resume", tmp_path / "resume.json")
+    assert ranks[0]["runs"] == ranks[1]["runs"]
+    for name, run in ranks[0]["runs"].items():
+        assert run["first"] == pytest.approx(reference[:steps], rel=1e-4), name
+        # one process -> two ranks under this plan
+        assert run["resumed"] == pytest.approx(reference[steps:], rel=1e-4), name
+        # two ranks under this plan -> one process
+        saved = torch.load(tmp_path / f"resume.json.{name}.pt", weights_only=False)
+        resumed = apply_worker.resume_in_one_process(saved, global_batch)
+        assert resumed == pytest.approx(reference[steps:], rel=1e-4), name
+    # Without the state, the differently initialised model trains another trajectory.
+    fresh, optimizer = apply_worker._fresh(TrainingPlan(micro_batch=global_batch), seed=1)
+    batches = apply_worker.resume_batches(global_batch)[steps:]
+    assert apply_worker._steps(fresh, optimizer, batches) != pytest.approx(reference[steps:],
+                                                                          rel=1e-4)
+
+
 def test_two_rank_loss_trajectories_match_single_process(tmp_path: Path) -> None:
     ranks = _run_two_ranks("trajectory", tmp_path / "trajectory.json")
     global_batch = 2 * apply_worker.TRAJECTORY_PLAN["micro_batch"] \

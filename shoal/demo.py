@@ -1,10 +1,10 @@
 """``make demo``: the example jobs on a local shoal service, resized as they come and go.
 
-Starts a service in a temporary SHOAL_HOME, submits ``examples/*/job.yaml`` with staggered
-arrivals, shows live progress, waits for every job, prints a summary (JCT, resizes, goodput),
-writes an HTML/PNG/JSON report and stops the service. Then it replays the run in the simulator
-from the profiles the jobs measured (``shoal.service.replay``) and prints the simulator's
-average JCT next to the real one.
+Starts a service in a temporary SHOAL_HOME, submits ``examples/*/job.yaml`` (those profiled as
+they run, not the ones that declare their model) with staggered arrivals, shows live progress,
+waits for every job, prints a summary (JCT, resizes, goodput), writes an HTML/PNG/JSON report
+and stops the service. Then it replays the run in the simulator from the profiles the jobs
+measured (``shoal.service.replay``) and prints the simulator's average JCT next to the real one.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from shoal.cli.views import cluster_line, jobs_table
 from shoal.policy.registry import POLICIES
 from shoal.service import replay, report
 from shoal.service.launch import start_background, stop
+from shoal.spec.job import load_job_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,7 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=REPO / "out" / "demo")
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--jobs", nargs="*", type=Path, default=None,
-                        help="job YAMLs (default: examples/*/job.yaml)")
+                        help="job YAMLs (default: examples/*/job.yaml, except jobs that declare "
+                             "a model)")
     parser.add_argument("--backend", choices=["local", "ray"], default="local",
                         help="ray: run the jobs on a Ray cluster (see docs/ray.md)")
     parser.add_argument("--address", default=None,
@@ -63,9 +65,16 @@ def _summary_table(summary: dict) -> Table:
     return table
 
 
+def _profiled_examples() -> list[Path]:
+    """The example jobs the replay can rebuild from measurements: not those that declare their
+    model (they are planned, and report no step-time profile)."""
+    return [path for path in sorted((REPO / "examples").glob("*/job.yaml"))
+            if load_job_yaml(path.read_text(), str(path)).model is None]
+
+
 def run(args: argparse.Namespace) -> int:
     console = Console()
-    files = args.jobs or sorted((REPO / "examples").glob("*/job.yaml"))
+    files = args.jobs or _profiled_examples()
     if not files:
         console.print("[red]no job files found under examples/[/]")
         return 1

@@ -6,6 +6,8 @@ import json
 import signal
 from pathlib import Path
 
+import pytest
+
 from shoal.backends.local.backend import LocalBackend
 from shoal.backends.local.devices import DevicePool
 from shoal.backends.local.job import RunSettings
@@ -39,7 +41,11 @@ def test_jobs_get_disjoint_gpus_and_reuse_what_a_stopped_job_freed(tmp_path: Pat
     assert _visible(backend, "b", 1) == ["6"]
 
 
-def test_a_restarted_service_keeps_adopted_jobs_on_their_gpus(tmp_path: Path) -> None:
+@pytest.mark.parametrize("slots_recorded", [True, False])
+def test_a_restarted_service_keeps_adopted_jobs_on_their_gpus(tmp_path: Path,
+                                                               slots_recorded: bool) -> None:
+    """Without recorded slots (state written before slots were recorded), the job's processes
+    were started on the first GPUs: the adopting service records those as held, not free."""
     pool = DevicePool("gpu", slots=4, threads_per_slot=1, gpu_ids=(0, 1, 2, 3))
     settings = RunSettings(home=tmp_path, pool=pool)
     sleeper = JobSpec(name="a", application="custom",
@@ -49,35 +55,12 @@ def test_a_restarted_service_keeps_adopted_jobs_on_their_gpus(tmp_path: Path) ->
     try:
         first.apply([Change("a", Allocation("gpu", (0, 0)))])  # starts two real processes
         assert first.jobs["a"].slot_ids == (0, 1)
+        if not slots_recorded:
+            run_file = first.jobs["a"].run_dir / "run.json"
+            state = json.loads(run_file.read_text())
+            del state["slot_ids"]
+            run_file.write_text(json.dumps(state))
         # A new service adopts the running processes and their GPUs.
-        second = LocalBackend(settings)
-        adopted = second.adopt(sleeper, tmp_path, limits)
-        assert adopted.replicas and adopted.slot_ids == (0, 1)
-        second.admit(JobSpec(name="c", application="custom", command=["python", "x.py"]),
-                     tmp_path)
-        second.assign_slots([Change("c", Allocation("gpu", (0, 0)))])
-        assert second.jobs["c"].slot_ids == (2, 3)
-    finally:
-        for replica in first.jobs["a"].replicas:
-            replica.signal(signal.SIGKILL)
-
-
-def test_a_job_adopted_from_state_without_slots_holds_the_gpus_it_started_on(
-        tmp_path: Path) -> None:
-    """State written before slots were recorded: the job's processes were started on the
-    first GPUs, so the adopting service records those as held, not as free."""
-    pool = DevicePool("gpu", slots=4, threads_per_slot=1, gpu_ids=(0, 1, 2, 3))
-    settings = RunSettings(home=tmp_path, pool=pool)
-    sleeper = JobSpec(name="a", application="custom",
-                      command=["python", "-c", "import time; time.sleep(60)"])
-    first = LocalBackend(settings)
-    limits = first.admit(sleeper, tmp_path)
-    try:
-        first.apply([Change("a", Allocation("gpu", (0, 0)))])
-        run_file = first.jobs["a"].run_dir / "run.json"
-        state = json.loads(run_file.read_text())
-        del state["slot_ids"]
-        run_file.write_text(json.dumps(state))
         second = LocalBackend(settings)
         adopted = second.adopt(sleeper, tmp_path, limits)
         assert adopted.replicas and adopted.slot_ids == (0, 1)

@@ -30,6 +30,7 @@ from shoal.core.scheduler import RoundTrigger, Scheduler
 from shoal.core.state import JobRecord
 from shoal.core.types import TERMINAL_STATES, Allocation, Change, JobState
 from shoal.perf.efficiency import efficiency
+from shoal.perf.planned import plan_summary
 from shoal.policy.registry import make_policy
 from shoal.service.config import ServiceConfig
 from shoal.service.explain import DecisionLog
@@ -359,6 +360,10 @@ class Runner:
             replica_pids=[r.pid for r in job.replicas],
             goodput=self._goodput(job),
         )
+        alloc = job.running_allocation
+        plan = job.model.plan_for(list(alloc.per_node().values())) if alloc else None
+        if plan is not None:  # a job that declares its model: the plan its last run got
+            summary["plan"] = plan_summary(plan)
         return summary
 
     @staticmethod

@@ -115,9 +115,15 @@ def test_the_example_trains_under_the_plan_of_the_size_it_was_given(tmp_path: Pa
         assert response.status_code == 201, response.text
         wait_until(lambda: all_done(service, ["gpt-planned"]), 180, "the job to finish",
                    service.diagnostics)
-        assert service.job("gpt-planned")["state"] == "finished", service.diagnostics()
+        described = service.job("gpt-planned")
+        assert described["state"] == "finished", service.diagnostics()
         result = json.loads((service.home / "checkpoints" / "gpt-planned" / "result.json")
                             .read_text())
+    # The API says which plan the job ran under, and its progress came from its reports.
+    shown = described["plan"]
+    assert shown["dp"] == 2 and shown["zero_stage"] == result["plan"]["zero_stage"]
+    assert shown["micro_batch"] == result["plan"]["micro_batch"]
+    assert described["progress"] == 1.0
     expected = planned(parse_model(MODEL), DevicePool("cpu", 2, 1, memory_gb=ONE_TOO_SMALL_GB)
                        .device(), 2, 2, 8, "data-parallel", offload=False)
     assert expected is not None

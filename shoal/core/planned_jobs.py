@@ -2,9 +2,9 @@
 
 A job whose spec names its architecture (``JobSpec.model``) needs no measured profile. Per
 device type it gets a :class:`~shoal.perf.planned.PlannedGoodput`: for each allocation, the
-fastest parallel plan that fits the devices' memory, and its samples per second. Every backend
-admits such a job here, so a job no allocation of the cluster can hold is refused at submission
-with the same message, on the simulator and on real machines alike.
+fastest parallel plan that fits the devices' memory, and its samples per second. The simulator
+and the local backend admit such a job here, so a job no allocation of the cluster can hold is
+refused at submission with the same message on both.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ Three ways to pick the plan (``mode``):
   in the search (the fastest that fits);
 * ``"data-parallel"``: the fastest plan without tensor or pipeline parallelism (ZeRO stages,
   offload, recomputation and micro-batching all allowed): what ``shoal.train.apply_plan``
-  runs, so the real backends plan with it.
+  runs, so the local backend plans with it.
 
 The global batch is the job's own and never changes, so goodput is throughput (samples/s).
 Plans are cached per (model, device type, devices, devices per node, batch, mode, offload).

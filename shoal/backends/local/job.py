@@ -29,8 +29,8 @@ from shoal.spec.job import JobSpec
 log = logging.getLogger(__name__)
 
 EXIT_CHECKPOINTED = 3  # shoal.train.EXIT_CHECKPOINTED; not imported to keep torch out
-# Contract variables a replica must not inherit from the service's own environment.
 PLAN_VARIABLE = "SHOAL_PLAN"  # shoal.train.apply.PLAN_VARIABLE
+# Contract variables a replica must not inherit from the service's own environment.
 STALE_VARIABLES = ("SHOAL_SCHEDULER_URL", "SHOAL_BATCH_SIZE", "SHOAL_MAX_LOCAL_BSZ",
                    "SHOAL_MAX_BATCH_SIZE", "SHOAL_STANDBY_FILE", PLAN_VARIABLE)
 

@@ -7,8 +7,8 @@ scheduler ranks allocations by those plans, and the backend hands each process t
 allocation it runs on in ``SHOAL_PLAN``. This script reads it with ``shoal.train.get_plan``,
 applies it with ``shoal.train.apply_plan`` and trains ``ReferenceGPT`` to predict the next token
 of a fixed set of random sequences until the job's target tokens are done. Rank 0 writes
-``result.json`` (the plan, the losses, the world size) into ``SHOAL_CHECKPOINT_DIR`` (or
-``--out``).
+``result.json`` (the plan, the losses, the world size) into ``SHOAL_CHECKPOINT_DIR``, or to
+``--out``.
 
 The job is elastic: it writes the full (unsharded) model and optimizer state every
 ``SHOAL_CHECKPOINT_INTERVAL`` seconds and when asked to stop (SIGTERM, a resize), then exits with
@@ -131,11 +131,13 @@ def main(argv: list[str] | None = None) -> None:
     if applied.rank == 0:
         reporter.submit({"steps": done, "samples": done * args.batch_size, "done": True})
         reporter.close()
-        out = Path(args.out or Path(checkpoint_dir or ".") / "result.json")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"plan": dataclasses.asdict(plan), "sharding": applied.sharding,
-                                   "world_size": world, "steps": done, "losses": losses,
-                                   "runs": runs}))
+        # Outside shoal and without --out there is nowhere of the job's own to write to.
+        out = args.out or (Path(checkpoint_dir) / "result.json" if checkpoint_dir else None)
+        if out is not None:
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+            Path(out).write_text(json.dumps({
+                "plan": dataclasses.asdict(plan), "sharding": applied.sharding,
+                "world_size": world, "steps": done, "losses": losses, "runs": runs}))
     if world > 1:
         dist.destroy_process_group()
 

@@ -88,6 +88,8 @@ class SearchSpace:
     max_micro_batch: int = 64
     max_virtual_stages: int = 4
     sequence_parallel: bool = True  # used whenever tp > 1 (same traffic, less memory)
+    tensor_parallel: bool = True  # tp > 1 allowed
+    pipeline_parallel: bool = True  # pp > 1 allowed
     flash_attention: bool = False
     precision: Precision = MIXED_ADAM
     reserved_bytes: float = 1 * GIB  # framework, allocator and communication buffers
@@ -357,12 +359,13 @@ def search_plans(model: GPTConfig, device: DeviceType, num_devices: int, devices
     plans: list[Plan] = []
     rejected: list[Rejection] = []
     considered = 0
-    for tp in _powers_of_two_dividing(num_devices, devices_per_node):
+    tps = _powers_of_two_dividing(num_devices, devices_per_node) if space.tensor_parallel else [1]
+    for tp in tps:
         if model.heads % tp:
             rejected.append(Rejection(f"{model.heads} heads do not split over tp={tp}",
                                       family=f"tp={tp}"))
             continue
-        for pp in _divisors(num_devices // tp):
+        for pp in _divisors(num_devices // tp) if space.pipeline_parallel else [1]:
             family = f"tp={tp} pp={pp}"
             if model.layers % pp:
                 rejected.append(Rejection(f"{model.layers} layers do not split into {pp} stages",

@@ -28,7 +28,7 @@ memory is the device memory, so offloading frees nothing.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Literal
 
@@ -36,24 +36,25 @@ import numpy as np
 
 from shoal.perf.goodput import BatchChoice
 from shoal.perf.models import GPTConfig
-from shoal.perf.parallel import Plan, SearchSpace, best_plan, search_plans
+from shoal.perf.parallel import Plan, SearchSpace, best_plan
 from shoal.spec.cluster import DeviceType
 
 PlanMode = Literal["search", "default", "data-parallel"]
 PLAN_MODES: tuple[PlanMode, ...] = ("search", "default", "data-parallel")
 
-_PURE_DATA_PARALLEL = SearchSpace(zero_stages=(0,), offload=(False,), recompute=("none",))
-_FULLY_SHARDED = SearchSpace(zero_stages=(3,), offload=(False,))
+_DATA_PARALLEL = SearchSpace(tensor_parallel=False, pipeline_parallel=False)
+_PURE_DATA_PARALLEL = replace(_DATA_PARALLEL, zero_stages=(0,), offload=(False,),
+                              recompute=("none",))
+_FULLY_SHARDED = replace(_DATA_PARALLEL, zero_stages=(3,), offload=(False,))
 
 
 def default_plan(model: GPTConfig, device: DeviceType, num_devices: int, devices_per_node: int,
                  global_batch: int) -> Plan | None:
     """Pure data parallel where it fits, else ZeRO-3 with the least recomputation that fits."""
     for space in (_PURE_DATA_PARALLEL, _FULLY_SHARDED):
-        result = search_plans(model, device, num_devices, devices_per_node, global_batch, space)
-        plans = [p for p in result.plans if p.config.tp == 1 and p.config.pp == 1]
-        if plans:
-            return plans[0]
+        plan = best_plan(model, device, num_devices, devices_per_node, global_batch, space)
+        if plan is not None:
+            return plan
     return None
 
 
@@ -61,15 +62,15 @@ def default_plan(model: GPTConfig, device: DeviceType, num_devices: int, devices
 def planned(model: GPTConfig, device: DeviceType, num_devices: int, devices_per_node: int,
             global_batch: int, mode: PlanMode = "search", offload: bool = True) -> Plan | None:
     """The plan ``mode`` picks for ``num_devices`` devices, or None when none fits."""
-    space = SearchSpace() if offload else SearchSpace(offload=(False,))
+    no_offload = {} if offload else {"offload": (False,)}
     if mode == "search":
-        return best_plan(model, device, num_devices, devices_per_node, global_batch, space)
+        return best_plan(model, device, num_devices, devices_per_node, global_batch,
+                         SearchSpace(**no_offload))
     if mode == "default":
         return default_plan(model, device, num_devices, devices_per_node, global_batch)
     if mode == "data-parallel":
-        result = search_plans(model, device, num_devices, devices_per_node, global_batch,
-                              space)
-        return next((p for p in result.plans if p.config.tp == 1 and p.config.pp == 1), None)
+        return best_plan(model, device, num_devices, devices_per_node, global_batch,
+                         replace(_DATA_PARALLEL, **no_offload))
     raise ValueError(f"unknown plan mode {mode!r}; use one of {PLAN_MODES}")
 
 

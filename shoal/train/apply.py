@@ -551,15 +551,17 @@ class AppliedPlan:
     def load_full_state(self, optimizer: torch.optim.Optimizer,
                         state: dict[str, Any] | None) -> None:
         """Restore a :meth:`full_state` (needed on rank 0 only; every rank must call this)."""
+        if self.rank == 0 and state is not None:
+            # Optimizers adopt loaded tensors as their own buffers and the loaders rename keys
+            # in place: load a copy, so the caller's state stays as it was. (The other ranks
+            # receive their own copy from the broadcast.)
+            state = _snapshot(state)
         if self.world_size > 1:
             shared = [state]
             dist.broadcast_object_list(shared, src=0)
             state = shared[0]
         if state is None:
             raise ValueError("load_full_state needs the state on rank 0")
-        # Optimizers adopt loaded tensors as their own buffers and the loaders rename keys in
-        # place: load a copy, so the caller's state stays as it was.
-        state = _snapshot(state)
         if self.sharding in ("ddp+zero1", "zero2"):
             module = self._module()
             module.load_state_dict(state["model"])

@@ -151,9 +151,10 @@ def test_a_resize_changes_the_plan_and_the_job_resumes_where_it_stopped(
                    and service.job("gpt-planned")["state"] == "running", 120,
                    "the job to run on both slots", service.diagnostics)
         state = service.home / "checkpoints" / "gpt-planned"
-        wait_until(lambda: (state / "plan_state.pt").exists() or any(
-            "step=20 " in p.read_text() for p in (service.home / "logs" / "gpt-planned")
-            .glob("rank0.log")), 120, "the job to train", service.diagnostics)
+        log = service.home / "logs" / "gpt-planned" / "rank0.log"
+        wait_until(lambda: (state / "plan_state.pt").exists()
+                   or (log.exists() and "step=20 " in log.read_text()), 120,
+                   "the job to train", service.diagnostics)
         other = job_yaml("other", epochs=30, sleep=0.05, max_replicas=1)
         assert service.submit(other + f"workdir: {REPO}\n").status_code == 201
         wait_until(lambda: all_done(service, ["gpt-planned", "other"]), 240,

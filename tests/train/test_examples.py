@@ -28,8 +28,10 @@ def test_example_yaml_is_a_valid_job(name: str) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_example_trains(
-    name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
+    monkeypatch.chdir(tmp_path)  # whatever an example writes stays out of the checkout
     for var in ("SHOAL_CHECKPOINT_DIR", "SHOAL_SCHEDULER_URL", "WORLD_SIZE", "RANK"):
         monkeypatch.delenv(var, raising=False)
     spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / name / "train.py")
@@ -43,3 +45,4 @@ def test_example_trains(
     assert "step=3" in out
     if not declares_model:
         assert "epoch 0 loss" in out
+    assert list(tmp_path.iterdir()) == []  # outside shoal an example leaves no files behind

@@ -45,31 +45,26 @@ class DevicePool:
         return f"{self.slots} CPU slot(s) of {self.threads_per_slot} thread(s)"
 
 
-def _setting_int(value: int | None, env: str, default: int) -> int:
-    if value is not None:
-        raw: str | int = value
-    else:
-        raw = os.environ.get(env, "").strip() or default
-    try:
-        number = int(raw)
-    except ValueError:
-        raise SpecError(f"{env}={raw!r} is not a whole number", field=env) from None
-    if number < 1:
-        raise SpecError(f"{env}={number} must be at least 1", field=env)
-    return number
-
-
-def _setting_float(env: str) -> float | None:
-    raw = os.environ.get(env, "").strip()
-    if not raw:
+def _setting(value: float | None, env: str, parse: type[int] | type[float]) -> float | None:
+    """A positive setting: ``value`` if given, else the environment variable ``env``, else None.
+    Whole numbers (``parse=int``) must be at least 1."""
+    raw: str | float | None = value if value is not None else os.environ.get(env, "").strip()
+    if raw is None or raw == "":
         return None
     try:
-        number = float(raw)
+        number = parse(raw)
     except ValueError:
-        raise SpecError(f"{env}={raw!r} is not a number", field=env) from None
+        kind = "a whole number" if parse is int else "a number"
+        raise SpecError(f"{env}={raw!r} is not {kind}", field=env) from None
     if number <= 0:
-        raise SpecError(f"{env}={number:g} must be positive", field=env)
+        raise SpecError(f"{env}={number:g} must be {'at least 1' if parse is int else 'positive'}",
+                        field=env)
     return number
+
+
+def _setting_int(value: int | None, env: str, default: int) -> int:
+    number = _setting(value, env, int)
+    return default if number is None else int(number)
 
 
 def _machine_memory_gb() -> float:
@@ -105,8 +100,8 @@ def detect_pool(
         count = min(gpus, slots) if slots else gpus
         return DevicePool("gpu", count, _setting_int(cores_per_slot, "SHOAL_CORES_PER_SLOT", 1),
                           tuple(range(count)),
-                          memory_gb or _setting_float(MEMORY_VARIABLE) or _gpu_memory_gb())
+                          _setting(memory_gb, MEMORY_VARIABLE, float) or _gpu_memory_gb())
     per_slot = _setting_int(cores_per_slot, "SHOAL_CORES_PER_SLOT", 1)
     default_slots = max(1, (os.cpu_count() or 1) // per_slot)
     return DevicePool("cpu", _setting_int(slots, "SHOAL_CPU_SLOTS", default_slots), per_slot,
-                      memory_gb=memory_gb or _setting_float(MEMORY_VARIABLE))
+                      memory_gb=_setting(memory_gb, MEMORY_VARIABLE, float))

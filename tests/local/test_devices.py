@@ -1,0 +1,41 @@
+"""The machine's device pool: settings from arguments or the environment, checked."""
+
+from __future__ import annotations
+
+import pytest
+
+from shoal.backends.local.devices import MEMORY_VARIABLE, detect_pool
+from shoal.spec.errors import SpecError
+
+
+def test_cpu_slots_and_their_memory_come_from_arguments_or_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHOAL_CPU_SLOTS", "3")
+    monkeypatch.setenv(MEMORY_VARIABLE, "1.5")
+    pool = detect_pool("cpu")
+    assert (pool.slots, pool.threads_per_slot, pool.device().memory_gb) == (3, 1, 1.5)
+    pool = detect_pool("cpu", slots=2, cores_per_slot=2, memory_gb=4.0)
+    assert (pool.slots, pool.threads_per_slot, pool.device().memory_gb) == (2, 2, 4.0)
+    monkeypatch.delenv(MEMORY_VARIABLE)
+    machine = detect_pool("cpu", slots=1).device().memory_gb
+    assert detect_pool("cpu", slots=4).device().memory_gb == pytest.approx(machine / 4)
+
+
+@pytest.mark.parametrize(("variable", "value", "message"), [
+    ("SHOAL_CPU_SLOTS", "two", "is not a whole number"),
+    ("SHOAL_CPU_SLOTS", "0", "must be at least 1"),
+    (MEMORY_VARIABLE, "lots", "is not a number"),
+    (MEMORY_VARIABLE, "-1", "must be positive"),
+])
+def test_bad_settings_name_the_variable(monkeypatch: pytest.MonkeyPatch, variable: str,
+                                        value: str, message: str) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SpecError, match=message) as error:
+        detect_pool("cpu")
+    assert error.value.field == variable
+
+
+def test_a_bad_memory_argument_is_refused_like_the_variable() -> None:
+    with pytest.raises(SpecError, match="must be positive") as error:
+        detect_pool("cpu", memory_gb=0.0)
+    assert error.value.field == MEMORY_VARIABLE

@@ -9,8 +9,14 @@
             trainer.backward(loss_fn(trainer.model(x), y))
             trainer.step()
 
-A parallel plan (recomputation, FSDP / ZeRO sharding, micro-batching) is applied with
-``apply_plan(model, get_plan(default=...))``; see docs/parallelism.md ("Applying a plan").
+A job that declares its model trains under the parallel plan shoal chose for its allocation
+(recomputation, FSDP / ZeRO sharding, micro-batching) with ``PlannedTrainer``:
+
+    trainer = st.PlannedTrainer(model, torch.optim.AdamW, global_batch=64, lr=3e-4)
+    loss = trainer.step(trainer.local_share(global_batch))
+
+or applies a plan by hand with ``apply_plan(model, get_plan(default=...))``; see
+docs/parallelism.md ("Applying a plan").
 
 See docs/training.md for the environment contract and the resize protocol.
 """
@@ -20,6 +26,7 @@ from shoal.train.context import EXIT_CHECKPOINTED, Context, current, init, log, 
 from shoal.train.data import ElasticDataLoader
 from shoal.train.env import TrainEnv, TrainEnvError
 from shoal.train.epochs import epochs
+from shoal.train.planned import PlannedTrainer
 from shoal.train.trainer import ElasticTrainer
 
 __all__ = [
@@ -28,6 +35,7 @@ __all__ = [
     "Context",
     "ElasticDataLoader",
     "ElasticTrainer",
+    "PlannedTrainer",
     "TrainEnv",
     "TrainEnvError",
     "TrainingPlan",

@@ -19,6 +19,7 @@ from shoal.train.standby import await_go
 
 if TYPE_CHECKING:
     from shoal.train.data import ElasticDataLoader
+    from shoal.train.planned import PlannedTrainer
     from shoal.train.trainer import ElasticTrainer
 
 logger = logging.getLogger("shoal.train")
@@ -50,7 +51,7 @@ class Context:
     report_interval_s: float
     epochs: EpochCounter = field(default_factory=EpochCounter)
     loader: ElasticDataLoader | None = None
-    trainer: ElasticTrainer | None = None
+    trainer: ElasticTrainer | PlannedTrainer | None = None
     finished: bool = False
 
     @property

@@ -152,7 +152,7 @@ def test_a_resize_changes_the_plan_and_the_job_resumes_where_it_stopped(
                    "the job to run on both slots", service.diagnostics)
         state = service.home / "checkpoints" / "gpt-planned"
         log = service.home / "logs" / "gpt-planned" / "rank0.log"
-        wait_until(lambda: (state / "plan_state.pt").exists()
+        wait_until(lambda: (state / "state.pt").exists()
                    or (log.exists() and "step=20 " in log.read_text()), 120,
                    "the job to train", service.diagnostics)
         other = job_yaml("other", epochs=30, sleep=0.05, max_replicas=1)

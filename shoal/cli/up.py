@@ -24,7 +24,8 @@ from shoal.service.launch import LaunchError, choose_port, running_url, start_ba
               help="Threads per replica on a CPU slot (env SHOAL_CORES_PER_SLOT; default 1).")
 @click.option("--slot-memory-gb", type=float, default=None,
               help="Memory of one device in GiB, for planning jobs that declare their model "
-                   "(env SHOAL_SLOT_MEMORY_GB; default the GPU's, or RAM / slots).")
+                   "(env SHOAL_SLOT_MEMORY_GB; default the GPU's, or RAM / slots; on Ray, "
+                   "the nodes' shoal.io/device-memory-gb label wins).")
 @click.option("--db-url", default=None,
               help="SQLAlchemy URL of the store (default sqlite:///HOME/shoal.db).")
 @click.option("--checkpoint-interval", type=float, default=30.0, show_default=True,

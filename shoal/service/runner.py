@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.backends.local.backend import LocalBackend
-from shoal.backends.local.devices import detect_pool
+from shoal.backends.local.devices import configured_memory_gb, detect_pool
 from shoal.backends.local.job import LocalJob, Phase, RunSettings
 from shoal.backends.local.services import LocalServeJob, check_local_service
 from shoal.core.scheduler import RoundTrigger, Scheduler
@@ -85,7 +85,8 @@ class Runner:
             from shoal.backends.ray.backend import RayBackend
             from shoal.backends.ray.job import RaySettings
 
-            settings = RaySettings(**vars(settings), checkpoint_root=config.checkpoint_dir)
+            settings = RaySettings(**vars(settings), checkpoint_root=config.checkpoint_dir,
+                                   device_memory_gb=configured_memory_gb(config.slot_memory_gb))
             self.backend = RayBackend(settings, config.ray_address)
         else:
             self.backend = LocalBackend(settings)

@@ -53,3 +53,15 @@ def test_registry_ids_are_stable_and_never_reused() -> None:
                               node("c", "10.0.0.2", {"shoal:t4": 2.0})])
     assert [(n.node_id, n.ray_id) for n in second] == [(0, "a"), (1, "a"), (3, "c")]
     assert registry.get(2) is None and registry.alive([0, 1, 3]) and not registry.alive([2])
+
+
+def test_the_memory_label_gives_each_device_its_memory() -> None:
+    registry = NodeRegistry()
+    nodes = registry.update([
+        node("a", "10.0.0.1", {"shoal:t4": 4.0}, {"shoal.io/device-memory-gb": "15.5"}),
+        node("b", "10.0.0.2", {"shoal:t4": 2.0}, {"shoal.io/device-memory-gb": "lots"}),
+        node("c", "10.0.0.3", {"shoal:t4": 2.0})])
+    assert [(n.ray_id, n.memory_gb) for n in nodes] == [("a", 15.5), ("b", None), ("c", None)]
+    assert not nodes[0].gpu
+    gpu = registry.update([node("d", "10.0.0.4", {"GPU": 1.0, "accelerator_type:T4": 1.0})])
+    assert gpu[0].gpu

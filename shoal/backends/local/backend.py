@@ -64,7 +64,7 @@ class LocalBackend:
         planned = None
         if spec.model is not None:
             admitted = self.plan_model(spec)
-            limits, planned = admitted.limits, admitted.models[dtype]
+            limits, planned = admitted.limits, admitted.models
         else:
             limits = self.base_limits(spec)
         self.jobs[spec.name] = LocalJob(
@@ -214,7 +214,7 @@ class LocalBackend:
 
     def adopt(self, spec: JobSpec, workdir: Path, limits: JobLimits) -> LocalJob:
         """Re-create a job after a service restart; its replicas are re-adopted if alive."""
-        planned = self.plan_model(spec).models[self.pool.device_type] if spec.model else None
+        planned = self.plan_model(spec).models if spec.model else None
         job = LocalJob(spec, workdir, limits, self.settings,
                        JobModel.for_spec(self.pool.device_type, spec, planned))
         job.adopt(self.now())

@@ -62,6 +62,11 @@ def _setting(value: float | None, env: str, parse: type[int] | type[float]) -> f
     return number
 
 
+def configured_memory_gb(value: float | None = None) -> float | None:
+    """The device memory set explicitly (``value``, else ``SHOAL_SLOT_MEMORY_GB``), or None."""
+    return _setting(value, MEMORY_VARIABLE, float)
+
+
 def _setting_int(value: int | None, env: str, default: int) -> int:
     number = _setting(value, env, int)
     return default if number is None else int(number)

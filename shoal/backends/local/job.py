@@ -211,7 +211,8 @@ class LocalJob:
         if local_bounds:
             env["SHOAL_MAX_LOCAL_BSZ"] = str(min(local_bounds))
         if self.model.planned is not None:
-            plan = self.model.plan_for(list(allocation.per_node().values()))
+            plan = self.model.plan_for(list(allocation.per_node().values()),
+                                       allocation.device_type)
             if plan is None:  # policies never choose such an allocation; the script falls back
                 log.warning("%s: no plan of %s fits %d %s device(s)", self.name, self.spec.model,
                             allocation.num_replicas, allocation.device_type)

@@ -13,6 +13,7 @@ and its progress is the tokens it has trained over its ``target_tokens``.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,7 +52,8 @@ class JobModel:
     epoch_trace: list[dict[str, Any]] = field(default_factory=list)  # see ElasticTrainer
     spec_max_batch_size: int | None = None  # the job spec's bounds cap what the job reports
     spec_max_local_bsz: int | None = None
-    planned: PlannedGoodput | None = None  # a job that declares its model
+    # A job that declares its model: the planner's goodput per device type it may run on.
+    planned_types: dict[str, PlannedGoodput] = field(default_factory=dict)
     target_tokens: int | None = None
     _fitted_keys: frozenset[tuple[int, int, int, int]] = frozenset()
     _fitted_at: float = 0.0
@@ -59,17 +61,25 @@ class JobModel:
 
     @classmethod
     def for_spec(cls, device_type: str, spec: JobSpec,
-                 planned: PlannedGoodput | None = None) -> JobModel:
+                 planned: Mapping[str, PlannedGoodput] | None = None) -> JobModel:
         return cls(device_type, spec.target_epochs, spec_max_batch_size=spec.max_batch_size,
-                   spec_max_local_bsz=spec.max_local_bsz, planned=planned,
+                   spec_max_local_bsz=spec.max_local_bsz, planned_types=dict(planned or {}),
                    target_tokens=spec.target_tokens)
 
-    def plan_for(self, per_node: list[int]) -> Plan | None:
-        """The parallel plan of an allocation (``per_node`` devices on each of its nodes), for
-        a job that declares its model; None for other jobs and where no plan fits."""
-        if self.planned is None:
+    @property
+    def planned(self) -> PlannedGoodput | None:
+        """The planned goodput on the job's current device type (None unless it declares its
+        model)."""
+        if not self.planned_types:
             return None
-        return self.planned.plan_on(per_node)
+        return self.planned_types.get(self.device_type) or next(iter(self.planned_types.values()))
+
+    def plan_for(self, per_node: list[int], device_type: str | None = None) -> Plan | None:
+        """The parallel plan of an allocation (``per_node`` devices of ``device_type``, default
+        the current type, on each of its nodes), for a job that declares its model; None for
+        other jobs and where no plan fits."""
+        planned = self.planned_types.get(device_type) if device_type else self.planned
+        return None if planned is None else planned.plan_on(per_node)
 
     # ----- input -----
     def update(self, report: dict[str, Any], now: float | None = None) -> None:
@@ -143,10 +153,13 @@ class JobModel:
         )
 
     def hints(self, limits: JobLimits) -> ModelHints:
+        if self.planned_types:  # the planner needs no measurement to trust any size
+            return ModelHints(goodput=dict(self.planned_types),
+                              max_profiled_replicas={t: limits.max_replicas
+                                                     for t in self.planned_types},
+                              epoch=self.epoch, progress=self.fraction)
         model = self.goodput(limits)
         profiled = max((int(r["num_replicas"]) for r in self.rows), default=0)
-        if self.planned is not None:  # the planner needs no measurement to trust any size
-            profiled = limits.max_replicas
         return ModelHints(
             goodput={self.device_type: model} if model is not None else {},
             max_profiled_replicas={self.device_type: profiled} if profiled else {},

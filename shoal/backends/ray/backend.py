@@ -10,6 +10,7 @@ left (they are placed again on what is left and resume from their checkpoints).
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -21,10 +22,11 @@ from shoal.backends.local.devices import DevicePool
 from shoal.backends.local.model import JobModel
 from shoal.backends.ray import connect
 from shoal.backends.ray.job import RayJob, RaySettings
-from shoal.backends.ray.nodes import NodeRegistry
-from shoal.core.planned_jobs import PlannedAdmission
+from shoal.backends.ray.nodes import MEMORY_LABEL, NodeRegistry
+from shoal.core.planned_jobs import PlannedAdmission, admit_model
 from shoal.core.types import ClusterState, JobLimits
-from shoal.spec.cluster import NodeInfo
+from shoal.perf.planned import PlannedGoodput
+from shoal.spec.cluster import ClusterSpec, DeviceType, NodeGroup, NodeInfo
 from shoal.spec.errors import SpecError
 from shoal.spec.job import JobSpec
 
@@ -50,6 +52,7 @@ class RayBackend(LocalBackend):
         super().__init__(settings)
         self.address = connect.cluster_address()
         self.registry = NodeRegistry(cores_per_slot=settings.pool.threads_per_slot)
+        self.device_memory_gb = settings.device_memory_gb
         settings.scheduler_url = self._reachable(settings.scheduler_url)
         self.refresh()
         log.info("Ray backend on %s: %s", self.address, self.pool.describe())
@@ -96,16 +99,38 @@ class RayBackend(LocalBackend):
                    if not allowed or n.device_type in allowed)
 
     def plan_model(self, spec: JobSpec) -> PlannedAdmission:
-        raise SpecError("jobs that declare their model are planned on the local backend and "
-                        "the simulator; on Ray, remove model (and target_tokens) and give "
-                        "target_epochs: the job is then profiled as it runs", field="model")
+        """How a job that declares its model is planned on the cluster's devices (the plans
+        ``shoal.train`` applies, offloading only where every device is a GPU); SpecError when
+        nothing fits or a device type's memory is unknown."""
+        gpus_only = all(node.gpu for node in self.registry.nodes)
+        return admit_model(spec, self.cluster_spec(), mode="data-parallel", offload=gpus_only)
+
+    def cluster_spec(self) -> ClusterSpec:
+        """The live nodes as a cluster, each type with the smallest memory any of its devices
+        has: the node's ``shoal.io/device-memory-gb`` label, else ``--slot-memory-gb``."""
+        nodes = self.registry.nodes
+        if not nodes:
+            raise SpecError("the Ray cluster offers no shoal devices yet; start nodes with "
+                            "shoal device resources (docs/ray.md)", field="model")
+        memory: dict[str, float] = {}
+        for node in nodes:
+            known = node.memory_gb or self.device_memory_gb
+            if known is None:
+                raise SpecError(
+                    f"the memory of a '{node.device_type}' device on Ray node "
+                    f"{node.ray_id[:8]} is unknown, so a plan cannot be checked against it: "
+                    f'start the node with --labels="{MEMORY_LABEL}=16" (GiB per device) or '
+                    "give the service --slot-memory-gb", field="model")
+            memory[node.device_type] = min(memory.get(node.device_type, known), known)
+        return ClusterSpec(
+            name="ray", device_types=[DeviceType(name=t, memory_gb=m) for t, m in memory.items()],
+            nodes=[NodeGroup(device_type=n.device_type, devices_per_node=n.capacity, count=1)
+                   for n in nodes])
 
     def admit(self, spec: JobSpec, workdir: Path | None = None) -> JobLimits:
         if spec.kind != "train":
             raise SpecError(f"the Ray backend runs training jobs; kind '{spec.kind}' runs on "
                             "the local backend", field="kind")
-        if spec.model is not None:
-            self.plan_model(spec)
         if not spec.command:
             raise SpecError(
                 "the Ray backend runs a program: add e.g. "
@@ -117,9 +142,13 @@ class RayBackend(LocalBackend):
                 f"the Ray cluster offers {types}, the job allows {spec.device_types}",
                 field="device_types",
             )
-        limits = self.base_limits(spec)
+        if spec.model is not None:
+            admitted = self.plan_model(spec)
+            limits, planned = admitted.limits, admitted.models
+        else:
+            limits, planned = self.base_limits(spec), None
         self.jobs[spec.name] = self._job(spec, Path(workdir or self.pending_workdir or Path.cwd()),
-                                         limits)
+                                         limits, planned)
         return limits
 
     def base_limits(self, spec: JobSpec) -> JobLimits:
@@ -128,16 +157,18 @@ class RayBackend(LocalBackend):
         limits = super().base_limits(spec)
         return replace(limits, max_replicas=spec.max_replicas or self._capacity(spec))
 
-    def _job(self, spec: JobSpec, workdir: Path, limits: JobLimits) -> RayJob:
+    def _job(self, spec: JobSpec, workdir: Path, limits: JobLimits,
+             planned: Mapping[str, PlannedGoodput] | None = None) -> RayJob:
         allowed = [t for t in self._state.device_types
                    if not spec.device_types or t in spec.device_types]
-        model = JobModel.for_spec(allowed[0] if allowed else "unknown", spec)
+        model = JobModel.for_spec(allowed[0] if allowed else "unknown", spec, planned)
         return RayJob(spec, workdir, limits, self.settings, model, registry=self.registry)
 
     def adopt(self, spec: JobSpec, workdir: Path, limits: JobLimits) -> RayJob:  # type: ignore[override]
         """A job of a previous service: its actors ended with that service; it starts again
         from its last checkpoint once the scheduler places it."""
-        job = self._job(spec, workdir, limits)
+        planned = self.plan_model(spec).models if spec.model else None
+        job = self._job(spec, workdir, limits, planned)
         job.adopt(self.now())
         self.jobs[spec.name] = job
         return job

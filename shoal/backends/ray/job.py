@@ -35,6 +35,8 @@ class RaySettings(RunSettings):
     """The local backend's settings plus where checkpoints go (a path every node can read)."""
 
     checkpoint_root: Path | None = None  # default: HOME/checkpoints (one machine, or shared)
+    # Memory of a device whose node has no shoal.io/device-memory-gb label (--slot-memory-gb).
+    device_memory_gb: float | None = None
 
 
 def _loopback(address: str) -> bool:

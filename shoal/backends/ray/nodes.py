@@ -10,7 +10,9 @@ A Ray node offers shoal devices in one of three ways (first match wins, per node
    one GPU (Ray then sets ``CUDA_VISIBLE_DEVICES`` for it) or ``cores_per_slot`` CPUs.
 3. GPUs with Ray's own ``accelerator_type:<X>`` resource: ``X`` in lower case is the type.
 
-Other nodes (e.g. a CPU-only head node of a GPU cluster) offer no shoal devices. Shoal node ids
+Other nodes (e.g. a CPU-only head node of a GPU cluster) offer no shoal devices. The label
+``shoal.io/device-memory-gb=<GiB>`` gives the memory of each device a node offers: the bound a
+job that declares its model is planned under. Shoal node ids
 are small integers given in the order nodes are first seen and never reused, so an allocation
 that names a node that left the cluster can never land on a newcomer.
 """
@@ -24,6 +26,7 @@ from typing import Any
 
 RESOURCE_PREFIX = "shoal:"
 TYPE_LABEL = "shoal.io/device-type"
+MEMORY_LABEL = "shoal.io/device-memory-gb"
 NODE_ID_LABEL = "ray.io/node-id"  # set by Ray on every node
 _ACCELERATOR_PREFIX = "accelerator_type:"
 _TYPE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
@@ -39,6 +42,11 @@ class RayNode:
     device_type: str
     capacity: int
     bundle: Mapping[str, float]  # Ray resources one replica reserves
+    memory_gb: float | None = None  # per device, from the node's MEMORY_LABEL
+
+    @property
+    def gpu(self) -> bool:
+        return "GPU" in self.bundle
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +56,16 @@ class Offer:
     device_type: str
     capacity: int
     bundle: Mapping[str, float]
+
+
+def device_memory_gb(node: Mapping[str, Any]) -> float | None:
+    """The node's ``MEMORY_LABEL`` in GiB; None when absent or not a positive number."""
+    raw = str((node.get("Labels") or {}).get(MEMORY_LABEL, "")).strip()
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if value > 0 else None
 
 
 def offers(node: Mapping[str, Any], cores_per_slot: int = 1) -> list[Offer]:
@@ -95,12 +113,13 @@ class NodeRegistry:
                 continue
             ray_id = str(node["NodeID"])
             address = str(node.get("NodeManagerAddress", ""))
+            memory = device_memory_gb(node)
             for offer in offers(node, self.cores_per_slot):
                 key = (ray_id, offer.device_type)
                 if key not in self._ids:
                     self._ids[key] = len(self._ids)
                 out.append(RayNode(self._ids[key], ray_id, address, offer.device_type,
-                                   offer.capacity, dict(offer.bundle)))
+                                   offer.capacity, dict(offer.bundle), memory))
         self.nodes = tuple(sorted(out, key=lambda n: n.node_id))
         return self.nodes
 

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shoal.cli.client import Client, home_option
+from shoal.perf.planned import describe_plan
 
 
 def _clock(t: float | None) -> str:
@@ -40,6 +41,7 @@ def show_command(home: str | None, job: str, as_json: bool) -> None:
         ("application", data["application"]),
         ("allocation", f"{alloc.get('replicas', 0)} x {alloc.get('device_type', '-')}"),
         ("batch size", data.get("batch_size") or "-"),
+        *([("parallel plan", describe_plan(data["plan"]))] if data.get("plan") else []),
         ("progress", f"{float(data.get('progress') or 0):.1%} (epoch {data.get('epoch', 0)})"),
         ("ETA", "-" if eta is None else f"{eta:.0f} s"),
         ("goodput", f"{data['goodput']:.1f} samples/s" if data.get("goodput") else "-"),

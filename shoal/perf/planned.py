@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -103,6 +103,44 @@ def plan_summary(plan: Plan) -> dict[str, object]:
     full = plan.to_dict()
     return {**{k: full[k] for k in _SUMMARY_KEYS},
             "memory_gib": plan.memory_bytes / 2**30, "samples_per_s": plan.throughput}
+
+
+def describe_plan(summary: Mapping[str, Any]) -> str:
+    """One line for people: a :func:`plan_summary`'s layout, knobs and predictions (the
+    dashboard's ``planText`` writes the same)."""
+    layout = [f"dp {summary['dp']}"]
+    if summary.get("tp", 1) > 1:
+        layout.append(f"tp {summary['tp']}")
+    if summary.get("pp", 1) > 1:
+        virtual = summary.get("virtual_stages", 1)
+        layout.append(f"pp {summary['pp']}" + (f" ({virtual} virtual)" if virtual > 1 else ""))
+    stage = summary.get("zero_stage", 0)
+    parts = [" x ".join(layout), f"ZeRO-{stage}" if stage else "no sharding"]
+    if summary.get("offload"):
+        parts.append("offload")
+    parts.append(f"micro-batch {summary['micro_batch']} x {summary['accumulation']}")
+    recompute, fraction = summary.get("recompute", "none"), summary.get("recompute_fraction", 1)
+    if recompute == "none":
+        parts.append("no recompute")
+    else:
+        parts.append(f"{recompute} recompute"
+                     + (f" on {fraction:.0%} of layers" if fraction < 1 else ""))
+    memory = summary.get("memory_gib")
+    if memory is not None:
+        shown = f"{memory:.1f} GiB" if memory >= 1 else f"{memory * 1024:.1f} MiB"
+        parts.append(f"{shown} per device")
+    step = summary.get("step_time_s")
+    if step is not None:
+        parts.append(f"{_duration(step)} per step (predicted)")
+    return " · ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.1f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.1f} µs"
 
 
 @dataclass(eq=False)

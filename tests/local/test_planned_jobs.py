@@ -10,13 +10,15 @@ import json
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from shoal.backends.local.backend import LocalBackend
 from shoal.backends.local.devices import DevicePool
 from shoal.backends.local.job import PLAN_VARIABLE, RunSettings
+from shoal.cli.main import cli
 from shoal.core.types import Allocation
 from shoal.perf.catalog import parse_model
-from shoal.perf.planned import PlannedGoodput, planned
+from shoal.perf.planned import PlannedGoodput, describe_plan, planned
 from shoal.spec.errors import SpecError
 from shoal.spec.job import load_job_yaml
 from shoal.train import get_plan
@@ -119,6 +121,12 @@ def test_the_example_trains_under_the_plan_of_the_size_it_was_given(tmp_path: Pa
         assert described["state"] == "finished", service.diagnostics()
         result = json.loads((service.home / "checkpoints" / "gpt-planned" / "result.json")
                             .read_text())
+        shown = CliRunner(env={"COLUMNS": "250"}).invoke(
+            cli, ["show", "gpt-planned", "--home", str(service.home)])
+    assert shown.exit_code == 0, shown.output
+    line = next(x for x in shown.output.splitlines() if x.startswith("parallel plan"))
+    assert line.split(None, 2)[2] == describe_plan(described["plan"]), shown.output
+    assert "dp 2 · ZeRO-" in shown.output
     # The API says which plan the job ran under, and its progress came from its reports.
     shown = described["plan"]
     assert shown["dp"] == 2 and shown["zero_stage"] == result["plan"]["zero_stage"]
@@ -167,3 +175,18 @@ def test_a_resize_changes_the_plan_and_the_job_resumes_where_it_stopped(
     assert runs[1]["first_step"] > 1  # resumed, not restarted from scratch
     assert result["steps"] == len(result["losses"]) == steps  # every step exactly once
     assert result["losses"][-1] < 0.5 * result["losses"][0]
+
+
+def test_a_plan_reads_as_one_line() -> None:
+    zero2 = {"dp": 2, "tp": 1, "pp": 1, "virtual_stages": 1, "micro_batch": 2,
+             "accumulation": 2, "recompute": "full", "recompute_fraction": 0.5, "zero_stage": 2,
+             "offload": False, "step_time_s": 0.01234, "memory_gib": 0.0011}
+    assert describe_plan(zero2) == ("dp 2 · ZeRO-2 · micro-batch 2 x 2 · full recompute on 50% "
+                                    "of layers · 1.1 MiB per device · 12.3 ms per step "
+                                    "(predicted)")
+    big = {**zero2, "dp": 4, "tp": 2, "pp": 4, "virtual_stages": 2, "micro_batch": 1,
+           "accumulation": 16, "recompute": "selective", "recompute_fraction": 1.0,
+           "zero_stage": 0, "offload": True, "step_time_s": 1.54, "memory_gib": 70.25}
+    assert describe_plan(big) == ("dp 4 x tp 2 x pp 4 (2 virtual) · no sharding · offload · "
+                                  "micro-batch 1 x 16 · selective recompute · 70.2 GiB per "
+                                  "device · 1.5 s per step (predicted)")

@@ -177,3 +177,26 @@ def test_dashboard_follows_jobs_live(browser: Any, service: Service, tmp_path: P
     assert page.locator("#detail-name .state").inner_text() == "finished"
     assert int(page.locator("#status").get_attribute("data-polls") or 0) > 2
     assert not errors, errors
+
+
+def test_the_detail_shows_the_parallel_plan_of_a_job_that_declares_its_model(
+        browser: Any, tmp_path: Path) -> None:
+    """The dashboard writes a job's plan as ``describe_plan`` does (same fields, same words)."""
+    from shoal.perf.planned import describe_plan
+    from tests.local.test_planned_jobs import EXAMPLE, ONE_TOO_SMALL_GB
+
+    with running_service(tmp_path / "home", slot_memory_gb=ONE_TOO_SMALL_GB,
+                         policy="shoal") as service:
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+        assert service.submit(EXAMPLE.read_text() + f"workdir: {REPO}\n").status_code == 201
+        wait_until(lambda: service.job("gpt-planned").get("plan") is not None, 120,
+                   "the job to start under a plan", service.diagnostics)
+        page.goto(f"{service.url}/?interval=500")
+        page.locator('#jobs tr[data-job="gpt-planned"]').click()
+        plan = page.locator("#detail-plan")
+        plan.wait_for(timeout=WAIT_MS)
+        assert plan.inner_text() == describe_plan(service.job("gpt-planned")["plan"])
+        assert plan.inner_text().startswith("dp 2 · ZeRO-")
+        assert not errors, errors

@@ -175,6 +175,34 @@
     }
   }
 
+  // One line per parallel plan, as shoal.perf.planned.describe_plan writes it.
+  function planText(plan) {
+    const layout = [`dp ${plan.dp}`];
+    if (plan.tp > 1) layout.push(`tp ${plan.tp}`);
+    if (plan.pp > 1) {
+      layout.push(`pp ${plan.pp}` + (plan.virtual_stages > 1 ? ` (${plan.virtual_stages} virtual)` : ""));
+    }
+    const parts = [layout.join(" x "), plan.zero_stage ? `ZeRO-${plan.zero_stage}` : "no sharding"];
+    if (plan.offload) parts.push("offload");
+    parts.push(`micro-batch ${plan.micro_batch} x ${plan.accumulation}`);
+    if (plan.recompute === "none") parts.push("no recompute");
+    else {
+      parts.push(`${plan.recompute} recompute` + (plan.recompute_fraction < 1
+        ? ` on ${Math.round(plan.recompute_fraction * 100)}% of layers` : ""));
+    }
+    if (plan.memory_gib !== undefined && plan.memory_gib !== null) {
+      parts.push((plan.memory_gib >= 1 ? `${plan.memory_gib.toFixed(1)} GiB`
+        : `${(plan.memory_gib * 1024).toFixed(1)} MiB`) + " per device");
+    }
+    if (plan.step_time_s !== undefined && plan.step_time_s !== null) {
+      const t = plan.step_time_s;
+      const shown = t >= 1 ? `${t.toFixed(1)} s` : t >= 1e-3 ? `${(t * 1e3).toFixed(1)} ms`
+        : `${(t * 1e6).toFixed(1)} µs`;
+      parts.push(`${shown} per step (predicted)`);
+    }
+    return parts.join(" · ");
+  }
+
   function kv(pairs) {
     return el("dl", { class: "kv" },
       pairs.filter(([, v]) => v !== null && v !== undefined && v !== "")
@@ -214,6 +242,7 @@
         (job.epoch !== undefined ? ` · epoch ${job.epoch}` : "") +
         (job.steps !== undefined ? ` · ${job.steps} steps` : "")],
       ["batch size", job.batch_size ?? "—"],
+      ["parallel plan", job.plan ? el("span", { id: "detail-plan" }, planText(job.plan)) : null],
       ["goodput", job.goodput ? `${number(job.goodput)} samples/s` : "—"],
       ["throughput", job.samples_per_second ? `${number(job.samples_per_second)} samples/s`
         : "—"],

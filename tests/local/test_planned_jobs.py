@@ -23,6 +23,7 @@ from shoal.spec.errors import SpecError
 from shoal.spec.job import load_job_yaml
 from shoal.train import get_plan
 from shoal.train.apply import TrainingPlan
+from tests.service.browser import chromium
 from tests.service.helpers import REPO, all_done, job_yaml, running_service, wait_until
 
 EXAMPLE = REPO / "examples" / "gpt_planned" / "job.yaml"
@@ -123,10 +124,13 @@ def test_the_example_trains_under_the_plan_of_the_size_it_was_given(tmp_path: Pa
                             .read_text())
         shown = CliRunner(env={"COLUMNS": "250"}).invoke(
             cli, ["show", "gpt-planned", "--home", str(service.home)])
+        page_plan = _dashboard_plan(service.url, "gpt-planned")
     assert shown.exit_code == 0, shown.output
     line = next(x for x in shown.output.splitlines() if x.startswith("parallel plan"))
     assert line.split(None, 2)[2] == describe_plan(described["plan"]), shown.output
     assert "dp 2 · ZeRO-" in shown.output
+    # The dashboard's job detail writes the plan in the same words.
+    assert page_plan in (None, describe_plan(described["plan"])), page_plan
     # The API says which plan the job ran under, and its progress came from its reports.
     shown = described["plan"]
     assert shown["dp"] == 2 and shown["zero_stage"] == result["plan"]["zero_stage"]
@@ -139,6 +143,22 @@ def test_the_example_trains_under_the_plan_of_the_size_it_was_given(tmp_path: Pa
     assert TrainingPlan(**result["plan"]) == TrainingPlan.from_config(expected.config)
     assert result["plan"]["zero_stage"] > 0  # sharded: unsharded state does not fit a slot
     assert result["steps"] == 20 and result["losses"][-1] < 0.5 * result["losses"][0]
+
+
+def _dashboard_plan(url: str, job: str) -> str | None:
+    """The parallel plan the dashboard shows in ``job``'s detail (None without a browser)."""
+    with chromium() as browser:
+        if browser is None:
+            return None
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+        page.goto(url)
+        page.locator(f'#jobs tr[data-job="{job}"]').click()
+        plan = page.locator("#detail-plan")
+        plan.wait_for(timeout=30_000)
+        assert not errors, errors
+        return plan.inner_text()
 
 
 BOTH_FIT_GB = 1 + 2.0 / 1024  # one slot: no sharding, full recompute; two: ZeRO-2

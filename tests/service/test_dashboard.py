@@ -2,8 +2,9 @@
 
 Two tiny training jobs run on three CPU slots; the page must show them in the table, colour
 the devices they hold, explain a job's allocation on click and follow the jobs to the end
-without a reload. Needs ``/usr/bin/chromium`` (Debian: ``apt-get install -y chromium``); the
-test is skipped without it, except under ``CI`` where a missing browser is a failure.
+without a reload. The browser is ``tests/service/browser.py``'s (skipped without
+``/usr/bin/chromium``, except under ``CI``). ``tests/local/test_planned_jobs.py`` checks the
+page's parallel plan.
 ``SHOAL_DASHBOARD_SCREENSHOT=docs/img/dashboard.png`` also saves the screenshot there.
 """
 
@@ -21,13 +22,9 @@ import pytest
 from shoal.service.config import ServiceConfig
 from shoal.service.runner import Runner
 from shoal.spec.job import parse_job
+from tests.service.browser import MISSING, chromium
 from tests.service.helpers import REPO, Service, job_yaml, running_service, wait_until
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-]
 WAIT_MS = 45_000
 GRID_MATCHES_TABLE = """name => {
   const cell = document.querySelector(`#jobs tr[data-job="${name}"] td.allocation`);
@@ -37,27 +34,12 @@ GRID_MATCHES_TABLE = """name => {
 }"""
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    if not CHROMIUM.exists():
-        message = f"{CHROMIUM} is missing (apt-get install -y chromium)"
-        if _in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium() as launched:
+        if launched is None:
+            pytest.skip(MISSING)
+        yield launched
 
 
 @pytest.fixture
@@ -178,25 +160,3 @@ def test_dashboard_follows_jobs_live(browser: Any, service: Service, tmp_path: P
     assert int(page.locator("#status").get_attribute("data-polls") or 0) > 2
     assert not errors, errors
 
-
-def test_the_detail_shows_the_parallel_plan_of_a_job_that_declares_its_model(
-        browser: Any, tmp_path: Path) -> None:
-    """The dashboard writes a job's plan as ``describe_plan`` does (same fields, same words)."""
-    from shoal.perf.planned import describe_plan
-    from tests.local.test_planned_jobs import EXAMPLE, ONE_TOO_SMALL_GB
-
-    with running_service(tmp_path / "home", slot_memory_gb=ONE_TOO_SMALL_GB,
-                         policy="shoal") as service:
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
-        assert service.submit(EXAMPLE.read_text() + f"workdir: {REPO}\n").status_code == 201
-        wait_until(lambda: service.job("gpt-planned").get("plan") is not None, 120,
-                   "the job to start under a plan", service.diagnostics)
-        page.goto(f"{service.url}/?interval=500")
-        page.locator('#jobs tr[data-job="gpt-planned"]').click()
-        plan = page.locator("#detail-plan")
-        plan.wait_for(timeout=WAIT_MS)
-        assert plan.inner_text() == describe_plan(service.job("gpt-planned")["plan"])
-        assert plan.inner_text().startswith("dp 2 · ZeRO-")
-        assert not errors, errors

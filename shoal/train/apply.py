@@ -573,6 +573,59 @@ class AppliedPlan:
                        optim_state_dict=state["optimizer"],
                        options=StateDictOptions(full_state_dict=True))
 
+    # ----- sharded checkpoints: every rank writes its own part -----
+    def sharded_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The model's and ``optimizer``'s state as this rank holds it, keyed by parameter name
+        (the layout ``torch.distributed.checkpoint`` saves and reshards): FSDP's shards,
+        ZeRO-1/2's optimizer state of the parameters this rank owns, or the whole replica."""
+        if self.sharding in ("ddp+zero1", "zero2"):
+            module = self._module()
+            local = optimizer.optim  # type: ignore[attr-defined]  # this rank's partition
+            _init_optimizer_state(local)
+            names = {param: name for name, param in module.named_parameters()}
+            state = {names[param]: dict(local.state[param])
+                     for group in local.param_groups for param in group["params"]}
+            groups = [{**{k: v for k, v in group.items() if k != "params"},
+                       "params": list(names.values())} for group in optimizer.param_groups]
+            return {"model": module.state_dict(),
+                    "optim": {"state": state, "param_groups": groups}}
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optimizer_state = get_state_dict(self.model, optimizer)
+        return {"model": model_state, "optim": optimizer_state}
+
+    def save_sharded(self, optimizer: torch.optim.Optimizer, path: Path | str) -> None:
+        """Write the state into the folder ``path``, each rank its own part (every rank must
+        call it; ``path`` must be one folder all ranks can write). :meth:`load_sharded`
+        restores it under any plan and number of ranks, and no rank ever holds more than its
+        own part."""
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self.sharded_state(optimizer), checkpoint_id=str(path))
+
+    def load_sharded(self, optimizer: torch.optim.Optimizer, path: Path | str) -> None:
+        """Restore a :meth:`save_sharded` folder (every rank must call it)."""
+        import torch.distributed.checkpoint as dcp
+
+        state = self.sharded_state(optimizer)  # the layout to fill, under this plan
+        dcp.load(state, checkpoint_id=str(path))
+        if self.sharding in ("ddp+zero1", "zero2"):
+            module = self._module()
+            module.load_state_dict(state["model"])
+            local = optimizer.optim  # type: ignore[attr-defined]
+            names = {param: name for name, param in module.named_parameters()}
+            for group in local.param_groups:
+                for param in group["params"]:
+                    local.state[param] = state["optim"]["state"][names[param]]
+            for groups in (optimizer.param_groups, local.param_groups):
+                for group, saved in zip(groups, state["optim"]["param_groups"], strict=False):
+                    group.update({k: v for k, v in saved.items() if k != "params"})
+            return
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        set_state_dict(self.model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         """Clear gradients after a step: freed, except under DDP.
 
@@ -581,6 +634,15 @@ class AppliedPlan:
         accumulate under ``no_sync``.
         """
         optimizer.zero_grad(set_to_none=not self.sharding.startswith("ddp"))
+
+
+def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create an optimizer's lazily allocated state (a step with zero gradients and learning
+    rate), so that a checkpoint can be loaded into it; torch's own helper for ``get_state_dict``,
+    which ZeRO's per-rank optimizer does not go through."""
+    from torch.distributed.checkpoint.state_dict import _init_optim_state
+
+    _init_optim_state(optimizer)
 
 
 def _snapshot(state: dict[str, Any]) -> dict[str, Any]:

@@ -13,9 +13,10 @@ runs on), else from ``plan=`` or plain data parallelism over the ranks. The trai
 (:func:`shoal.train.apply_plan`), builds the plan's optimizer, and at step boundaries does what
 ``ElasticTrainer`` does for a data-parallel job: it checkpoints every
 ``SHOAL_CHECKPOINT_INTERVAL`` seconds, and on a resize request (SIGTERM or the request file) it
-checkpoints and exits with ``EXIT_CHECKPOINTED``. The checkpoint holds the *unsharded* model and
-optimizer state (:meth:`AppliedPlan.full_state`), so the next run resumes under whatever plan
-and world size its allocation has. The global batch is fixed: a planned job's plan is chosen
+checkpoints and exits with ``EXIT_CHECKPOINTED``. Each rank writes its own part of the model and
+optimizer state (:meth:`AppliedPlan.save_sharded`, ``torch.distributed.checkpoint``), and the
+next run reshards it to whatever plan and world size its allocation has, so no process ever
+holds more than its own part. The global batch is fixed: a planned job's plan is chosen
 for it, so the scheduler does not change it.
 """
 
@@ -23,9 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import shutil
 import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,21 +44,7 @@ from shoal.train.signals import end_quickly_at_exit
 
 log = logging.getLogger("shoal.train")
 
-STATE_KEY = "plan_state"
-
-
-class _GatheredState:
-    """The checkpoint store's view of the unsharded state: gathered by every rank just before
-    a save (a collective), held here for the store, which writes on rank 0 only."""
-
-    def __init__(self) -> None:
-        self.state: dict[str, Any] | None = None
-
-    def state_dict(self) -> dict[str, Any] | None:
-        return self.state
-
-    def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        self.state = state
+SHARDS_PREFIX = "plan-"
 
 
 class PlannedTrainer:
@@ -99,17 +89,15 @@ class PlannedTrainer:
         self.steps = 0
         self.samples = 0
         self.runs: list[dict[str, Any]] = []
-        self._gathered = _GatheredState()
+        self._shards: str | None = None  # the folder of the last checkpoint's model state
         store = ctx.checkpoint
-        store.register("planned_trainer", self)
-        if store.register(STATE_KEY, self._gathered):
-            # Every rank read the file; rank 0's copy is broadcast, the others' are dropped.
-            saved = self._gathered.state if ctx.rank == 0 else None
-            self._gathered.state = None
-            store.saved[STATE_KEY] = None  # type: ignore[index]
-            self.applied.load_full_state(self.optimizer, saved)
+        if store.register("planned_trainer", self) and self._shards is not None:
+            assert store.directory is not None
+            self.applied.load_sharded(self.optimizer, store.directory / self._shards)
             if ctx.rank == 0:
                 log.info("shoal: resumed at step %d under %s", self.steps, self.applied.sharding)
+        if ctx.rank == 0 and store.directory is not None:
+            self._remove_shards(store.directory, keep=self._shards)  # a crash's leftovers
         self.runs.append({"world_size": ctx.world_size, "plan": dataclasses.asdict(self.plan),
                           "sharding": self.applied.sharding, "first_step": self.steps + 1})
         self._last_checkpoint = time.monotonic()
@@ -175,15 +163,40 @@ class PlannedTrainer:
                 and now - self._last_checkpoint >= ctx.checkpoint_interval_s)
 
     def save_checkpoint(self) -> None:
-        """Gather the unsharded state (every rank must call this) and write it (rank 0)."""
+        """Write the model and optimizer state, each rank its own part, then the job's
+        checkpoint file naming it (every rank must call this).
+
+        The parts go to a fresh folder, renamed to ``plan-<step>`` once complete; only then
+        does ``state.pt`` (written by rename too) point at it, and older folders are removed.
+        A crash at any moment leaves ``state.pt`` naming a complete folder."""
         ctx = self._ctx
-        self._gathered.state = self.applied.full_state(self.optimizer)
-        try:
-            ctx.checkpoint.save({"step": self.steps, "epoch": ctx.epochs.epoch,
-                                 "world_size": ctx.world_size})
-        finally:
-            self._gathered.state = None
+        directory = ctx.checkpoint.directory
+        if directory is None:
+            return
+        name = f"{SHARDS_PREFIX}{self.steps:09d}"
+        partial = directory / f"{name}.partial"
+        if ctx.rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+        if ctx.world_size > 1:
+            dist.barrier()  # no rank writes into a folder rank 0 is still clearing
+        # Returns on rank 0 once every rank's part is written (it writes the metadata last).
+        self.applied.save_sharded(self.optimizer, partial)
+        if ctx.rank == 0:
+            shutil.rmtree(directory / name, ignore_errors=True)
+            os.replace(partial, directory / name)
+        self._shards = name
+        ctx.checkpoint.save({"step": self.steps, "epoch": ctx.epochs.epoch,
+                             "world_size": ctx.world_size})
+        if ctx.rank == 0:
+            self._remove_shards(directory, keep=name)
         self._last_checkpoint = time.monotonic()
+
+    @staticmethod
+    def _remove_shards(directory: Path, keep: str | None) -> None:
+        """Delete the state folders ``state.pt`` does not name (older or incomplete ones)."""
+        for folder in directory.glob(f"{SHARDS_PREFIX}*"):
+            if folder.name != keep and folder.is_dir():
+                shutil.rmtree(folder, ignore_errors=True)
 
     def _checkpoint_and_exit(self) -> None:
         ctx = self._ctx
@@ -232,12 +245,14 @@ class PlannedTrainer:
 
     # ----- checkpoint of the counters -----
     def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "samples": self.samples, "runs": self.runs}
+        return {"steps": self.steps, "samples": self.samples, "runs": self.runs,
+                "shards": self._shards}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps = int(state["steps"])
         self.samples = int(state["samples"])
         self.runs = list(state.get("runs", []))
+        self._shards = state.get("shards")
 
 
 def _data_parallel(global_batch: int, world: int, micro_batch: int | None) -> TrainingPlan:

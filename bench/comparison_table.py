@@ -56,6 +56,13 @@ def collect(cache: Path, versions: list[str], fresh: str = "",
     return found
 
 
+def environments(cache: Path, versions: list[str]) -> dict[str, list[dict]]:
+    """Per source version, the machines and builds its reports were run on."""
+    return {version: [json.loads(p.read_text())
+                      for p in sorted((cache / version).glob("environment-*.json"))]
+            for version in versions if (cache / version).is_dir()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", default="out/policy_runs")
@@ -104,7 +111,8 @@ def main() -> None:
                               f"(mean {statistics.fmean(ratios):.3f})")
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1))
+    used = sorted({r["source_version"] for r in found.values()})
+    path.write_text(json.dumps({**out, "environments": environments(cache, used)}, indent=1))
     console.print(f"wrote {path}")
 
 

@@ -19,6 +19,7 @@ import json
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from environment import describe
 from rich.console import Console
 from rich.table import Table
 
@@ -49,6 +50,9 @@ def main() -> None:
     ]
     cache = Path(args.cache) / _source_version()
     cache.mkdir(parents=True, exist_ok=True)
+    environment = describe()
+    (cache / f"environment-{_environment_key(environment)}.json").write_text(
+        json.dumps(environment, indent=1))
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         reports = list(pool.map(_cached_run, tasks, [cache] * len(tasks)))
     for task, report in zip(tasks, reports, strict=True):
@@ -73,7 +77,7 @@ def main() -> None:
                     console.print(f"  shoal / {base} avg JCT: {ratio:.3f}")
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"by_cluster": out,
+    path.write_text(json.dumps({"environment": environment, "by_cluster": out,
                                 "runs": [r["summary"] for r in reports]}, indent=2))
     console.print(f"wrote {path}")
 
@@ -84,6 +88,10 @@ def _source_version() -> str:
     for path in sorted((ROOT / "shoal").rglob("*.py")):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
+
+
+def _environment_key(environment: dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps(environment, sort_keys=True).encode()).hexdigest()[:8]
 
 
 def _cached_run(task: dict, cache: Path) -> dict:

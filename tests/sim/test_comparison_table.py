@@ -39,3 +39,13 @@ def test_fresh_policies_come_only_from_the_first_versions(tmp_path):
 
     every = collect(tmp_path, versions)
     assert every[("pollux-t4-64", "shoal", "workload-3")]["avg_jct_s"] == 3.0
+
+
+def test_each_version_names_the_machines_it_ran_on(tmp_path):
+    module = _module()
+    _report(tmp_path, "new", "pollux-t4-64-shoal-workload-1", 1.0)
+    (tmp_path / "new" / "environment-1a2b3c4d.json").write_text(
+        json.dumps({"cpu": "AMD EPYC", "scipy": "1.17.1"}))
+    assert set(module.collect(tmp_path, ["new"])) == {("pollux-t4-64", "shoal", "workload-1")}
+    assert module.environments(tmp_path, ["new", "absent"]) == {
+        "new": [{"cpu": "AMD EPYC", "scipy": "1.17.1"}]}

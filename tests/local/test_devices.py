@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from shoal.backends.local.devices import MEMORY_VARIABLE, detect_pool
+from shoal.backends.local.devices import (
+    MEMORY_VARIABLE,
+    TFLOPS_VARIABLE,
+    cpu_tflops,
+    detect_pool,
+)
 from shoal.spec.errors import SpecError
 
 
@@ -26,6 +31,7 @@ def test_cpu_slots_and_their_memory_come_from_arguments_or_the_environment(
     ("SHOAL_CPU_SLOTS", "0", "must be at least 1"),
     (MEMORY_VARIABLE, "lots", "is not a number"),
     (MEMORY_VARIABLE, "-1", "must be positive"),
+    (TFLOPS_VARIABLE, "fast", "is not a number"),
 ])
 def test_bad_settings_name_the_variable(monkeypatch: pytest.MonkeyPatch, variable: str,
                                         value: str, message: str) -> None:
@@ -39,3 +45,13 @@ def test_a_bad_memory_argument_is_refused_like_the_variable() -> None:
     with pytest.raises(SpecError, match="must be positive") as error:
         detect_pool("cpu", memory_gb=0.0)
     assert error.value.field == MEMORY_VARIABLE
+
+
+def test_cpu_slots_are_planned_at_their_measured_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TFLOPS_VARIABLE, raising=False)
+    measured = cpu_tflops(1)
+    # A float32 product on one core: well above zero, far below the GPU default of 65.
+    assert 1e-4 < measured < 5.0
+    assert detect_pool("cpu", slots=2).device().peak_tflops == measured
+    monkeypatch.setenv(TFLOPS_VARIABLE, "0.5")
+    assert detect_pool("cpu", slots=2).device().peak_tflops == 0.5

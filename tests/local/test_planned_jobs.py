@@ -166,7 +166,7 @@ BOTH_FIT_GB = 1 + 2.0 / 1024  # one slot: no sharding, full recompute; two: ZeRO
 
 def test_a_resize_changes_the_plan_and_the_job_resumes_where_it_stopped(
         tmp_path: Path) -> None:
-    """The job runs on both slots until a second job arrives, is shrunk to one slot, and
+    """The job runs on both slots until a heavier job arrives, is shrunk to one slot, and
     resumes there from its checkpoint under the one-slot plan: every step once, none lost."""
     steps = 400
     spec = (EXAMPLE.read_text().replace("target_tokens: 5120", f"target_tokens: {steps * 256}")
@@ -183,7 +183,9 @@ def test_a_resize_changes_the_plan_and_the_job_resumes_where_it_stopped(
         wait_until(lambda: (state / "state.pt").exists()
                    or (log.exists() and "step=20 " in log.read_text()), 120,
                    "the job to train", service.diagnostics)
-        other = job_yaml("other", epochs=30, sleep=0.05, max_replicas=1)
+        # A job of a tenant with a larger share: planned on measured CPU rates, the GPT job
+        # gains enough from its second slot that an equal share would not take it away.
+        other = job_yaml("other", epochs=30, sleep=0.05, max_replicas=1) + "weight: 8\n"
         assert service.submit(other + f"workdir: {REPO}\n").status_code == 201
         wait_until(lambda: all_done(service, ["gpt-planned", "other"]), 240,
                    "both jobs to finish", service.diagnostics)

@@ -9,12 +9,17 @@ Settings (environment, or arguments of :func:`detect_pool`):
 - ``SHOAL_SLOT_MEMORY_GB``: memory of one device in GiB, the bound a job that declares its model
   is planned under (default: a GPU's own memory; for CPU slots the machine's memory over the
   slots).
+- ``SHOAL_SLOT_TFLOPS``: peak TFLOP/s of one device, from which a plan's step time is predicted
+  (default: for CPU slots, measured once with a float32 matrix product on the slot's threads;
+  for GPUs, the device type's default).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +27,7 @@ from shoal.spec.cluster import DeviceType
 from shoal.spec.errors import SpecError
 
 MEMORY_VARIABLE = "SHOAL_SLOT_MEMORY_GB"
+TFLOPS_VARIABLE = "SHOAL_SLOT_TFLOPS"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,11 +39,16 @@ class DevicePool:
     threads_per_slot: int
     gpu_ids: tuple[int, ...] = ()
     memory_gb: float | None = None  # per device; None: the machine's memory over the slots
+    peak_tflops: float | None = None  # per device; None: measured (CPU) or the type's default
 
     def device(self) -> DeviceType:
-        """The devices as the parallel planner sees them (their memory bounds a plan)."""
+        """The devices as the parallel planner sees them: their memory bounds a plan, their
+        peak rate predicts its step time."""
         memory = self.memory_gb or _machine_memory_gb() / self.slots
-        return DeviceType(name=self.device_type, memory_gb=memory)
+        peak = self.peak_tflops or (None if self.gpu_ids else cpu_tflops(self.threads_per_slot))
+        if peak is None:
+            return DeviceType(name=self.device_type, memory_gb=memory)
+        return DeviceType(name=self.device_type, memory_gb=memory, peak_tflops=peak)
 
     def describe(self) -> str:
         if self.gpu_ids:
@@ -65,6 +76,27 @@ def _setting(value: float | None, env: str, parse: type[int] | type[float]) -> f
 def configured_memory_gb(value: float | None = None) -> float | None:
     """The device memory set explicitly (``value``, else ``SHOAL_SLOT_MEMORY_GB``), or None."""
     return _setting(value, MEMORY_VARIABLE, float)
+
+
+@functools.cache
+def cpu_tflops(threads: int, size: int = 512, repeats: int = 5) -> float:
+    """Float32 matrix-product TFLOP/s of ``threads`` CPU threads: the best of ``repeats``
+    timings (about 0.1 s in all), measured once per process."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        torch.mm(a, b)  # the first product allocates and warms the kernels
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(previous)
+    return 2 * size**3 / max(best, 1e-9) / 1e12
 
 
 def _setting_int(value: int | None, env: str, default: int) -> int:
@@ -105,8 +137,10 @@ def detect_pool(
         count = min(gpus, slots) if slots else gpus
         return DevicePool("gpu", count, _setting_int(cores_per_slot, "SHOAL_CORES_PER_SLOT", 1),
                           tuple(range(count)),
-                          _setting(memory_gb, MEMORY_VARIABLE, float) or _gpu_memory_gb())
+                          _setting(memory_gb, MEMORY_VARIABLE, float) or _gpu_memory_gb(),
+                          _setting(None, TFLOPS_VARIABLE, float))
     per_slot = _setting_int(cores_per_slot, "SHOAL_CORES_PER_SLOT", 1)
     default_slots = max(1, (os.cpu_count() or 1) // per_slot)
     return DevicePool("cpu", _setting_int(slots, "SHOAL_CPU_SLOTS", default_slots), per_slot,
-                      memory_gb=_setting(memory_gb, MEMORY_VARIABLE, float))
+                      memory_gb=_setting(memory_gb, MEMORY_VARIABLE, float),
+                      peak_tflops=_setting(None, TFLOPS_VARIABLE, float))

@@ -131,7 +131,9 @@ def main() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    forwarded = [a for a in sys.argv[1:] if not a.startswith("--out")]
+    forwarded = [f"--{key.replace('_', '-')}={value}" for key, value in vars(args).items()
+                 if key not in ("worker", "result", "out", "no_noise")]
+    forwarded += ["--no-noise"] if args.no_noise else []
     procs = []
     for rank in range(2):
         env = {

@@ -1,0 +1,26 @@
+"""bench/run_all.py: every benchmark it runs exists and takes the output option it is given."""
+
+import importlib.util
+import re
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _suite():
+    spec = importlib.util.spec_from_file_location("run_all", BENCH / "run_all.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.BENCHMARKS
+
+
+def test_each_benchmark_script_accepts_its_output_option():
+    benchmarks = _suite()
+    assert {b.suite for b in benchmarks} == {"quick", "full"}
+    assert len({b.name for b in benchmarks}) == len(benchmarks)
+    for bench in benchmarks:
+        source = (BENCH / bench.script).read_text()
+        options = set(re.findall(r'add_argument\(\s*"(--[a-z-]+)"', source))
+        assert bench.json_flag in options, (bench.name, sorted(options))
+        given = {arg for arg in bench.args if arg.startswith("--")}
+        assert given <= options, (bench.name, given - options)

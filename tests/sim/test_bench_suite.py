@@ -2,6 +2,7 @@
 
 import importlib.util
 import re
+import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -10,6 +11,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 def _suite():
     spec = importlib.util.spec_from_file_location("run_all", BENCH / "run_all.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules["run_all"] = module  # dataclasses look their module up while being defined
     spec.loader.exec_module(module)
     return module.BENCHMARKS
 

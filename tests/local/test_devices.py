@@ -9,6 +9,7 @@ from shoal.backends.local.devices import (
     TFLOPS_VARIABLE,
     cpu_tflops,
     detect_pool,
+    gpu_peak_tflops,
 )
 from shoal.spec.errors import SpecError
 
@@ -55,3 +56,26 @@ def test_cpu_slots_are_planned_at_their_measured_rate(monkeypatch: pytest.Monkey
     assert detect_pool("cpu", slots=2).device().peak_tflops == measured
     monkeypatch.setenv(TFLOPS_VARIABLE, "0.5")
     assert detect_pool("cpu", slots=2).device().peak_tflops == 0.5
+
+
+@pytest.mark.parametrize(("name", "peak"), [
+    ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA H100 80GB HBM3", 989.0),
+    ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H200", 989.0), ("Tesla V100-SXM2-32GB", 125.0),
+    ("Tesla T4", 65.0), ("NVIDIA GeForce RTX 4090", None),
+])
+def test_known_gpus_are_planned_at_their_data_sheet_peak(name: str, peak: float | None) -> None:
+    assert gpu_peak_tflops(name) == peak
+
+
+def test_a_gpu_pool_takes_the_peak_of_its_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    import shoal.backends.local.devices as devices
+
+    monkeypatch.delenv(TFLOPS_VARIABLE, raising=False)
+    monkeypatch.setattr(devices, "_cuda_devices", lambda: 2)
+    monkeypatch.setattr(devices, "_gpu_memory_gb", lambda: 80.0)
+    monkeypatch.setattr(devices, "_gpu_name", lambda: "NVIDIA A100-SXM4-80GB")
+    assert detect_pool("gpu").device().peak_tflops == 312.0
+    monkeypatch.setattr(devices, "_gpu_name", lambda: "NVIDIA GeForce RTX 4090")
+    assert detect_pool("gpu").device().peak_tflops == 65.0  # unknown model: the default
+    monkeypatch.setenv(TFLOPS_VARIABLE, "165")
+    assert detect_pool("gpu").device().peak_tflops == 165.0

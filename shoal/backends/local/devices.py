@@ -11,13 +11,14 @@ Settings (environment, or arguments of :func:`detect_pool`):
   slots).
 - ``SHOAL_SLOT_TFLOPS``: peak TFLOP/s of one device, from which a plan's step time is predicted
   (default: for CPU slots, measured once with a float32 matrix product on the slot's threads;
-  for GPUs, the device type's default).
+  for GPUs, the data-sheet peak of a known model, else the device type's default).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -114,6 +115,27 @@ def _gpu_memory_gb() -> float:
     return torch.cuda.get_device_properties(0).total_memory / 2**30
 
 
+def _gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0)
+
+
+def gpu_peak_tflops(name: str) -> float | None:
+    """Dense fp16 tensor peak of a GPU model from its CUDA name (e.g. ``NVIDIA A100-SXM4-80GB``),
+    from the planner's data-sheet table; None for a model it does not know."""
+    from shoal.perf.parallel import KNOWN_DEVICES
+
+    peaks = {device.name.split("-")[0]: device.peak_tflops for device in KNOWN_DEVICES.values()}
+    peaks["h200"] = peaks["h100"]  # the same Hopper tensor cores, with more memory
+    pcie = {"h100": 756.0, "v100": 112.0}  # PCIe cards run these tensor cores slower
+    lowered = name.lower()
+    for family, peak in peaks.items():
+        if re.search(rf"\b{family}\b", lowered):
+            return pcie.get(family, peak) if "pcie" in lowered else peak
+    return None
+
+
 def _cuda_devices() -> int:
     """GPU count, importing torch only when a GPU driver is visible at all."""
     if shutil.which("nvidia-smi") is None and not Path("/dev/nvidia0").exists():
@@ -138,7 +160,7 @@ def detect_pool(
         return DevicePool("gpu", count, _setting_int(cores_per_slot, "SHOAL_CORES_PER_SLOT", 1),
                           tuple(range(count)),
                           _setting(memory_gb, MEMORY_VARIABLE, float) or _gpu_memory_gb(),
-                          _setting(None, TFLOPS_VARIABLE, float))
+                          _setting(None, TFLOPS_VARIABLE, float) or gpu_peak_tflops(_gpu_name()))
     per_slot = _setting_int(cores_per_slot, "SHOAL_CORES_PER_SLOT", 1)
     default_slots = max(1, (os.cpu_count() or 1) // per_slot)
     return DevicePool("cpu", _setting_int(slots, "SHOAL_CPU_SLOTS", default_slots), per_slot,

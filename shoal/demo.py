@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -36,6 +37,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--slots", type=int, default=4,
                         help="CPU slots of one thread each (oversubscribed on 2 cores: fine)")
     parser.add_argument("--stagger", type=float, default=30.0, help="seconds between arrivals")
+    parser.add_argument("--epochs-scale", type=int, default=4,
+                        help="train each example this many times its epochs, so that jobs "
+                             "overlap and a resize pays for its restart")
     parser.add_argument("--interval", type=float, default=5.0, help="seconds per round")
     parser.add_argument("--home", type=Path, default=None, help="default: a temporary folder")
     parser.add_argument("--out", type=Path, default=REPO / "out" / "demo")
@@ -63,6 +67,16 @@ def _summary_table(summary: dict) -> Table:
             "-" if not job["goodput"] else f"{job['goodput']:.0f}",
         )
     return table
+
+
+def scale_epochs(job_yaml: str, factor: int) -> str:
+    """A job file with ``factor`` times its epochs: ``target_epochs`` and the ``--epochs``
+    argument the example scripts take."""
+    def times(match: re.Match[str]) -> str:
+        return f"{match.group(1)}{int(match.group(2)) * factor}"
+
+    job_yaml = re.sub(r"^(target_epochs:\s*)(\d+)", times, job_yaml, flags=re.MULTILINE)
+    return re.sub(r'("--epochs",\s*")(\d+)', times, job_yaml)
 
 
 def _profiled_examples() -> list[Path]:
@@ -143,7 +157,8 @@ def _drive(console: Console, http: httpx.Client, files: list[Path],
             now = time.monotonic()
             if pending and now >= next_arrival:
                 path = pending.pop(0)
-                response = http.post("/api/jobs", content=path.read_bytes(),
+                response = http.post("/api/jobs",
+                                     content=scale_epochs(path.read_text(), args.epochs_scale),
                                      headers={"content-type": "application/yaml"},
                                      params={"workdir": str(REPO)})
                 if response.status_code != 201:

@@ -64,3 +64,19 @@ def test_plans_are_bounded_by_the_smallest_memory_of_each_type() -> None:
         RayBackend.cluster_spec(SimpleNamespace(  # type: ignore[arg-type]
             registry=_nodes(), device_memory_gb=None))
     assert error.value.field == "model" and "shoal.io/device-memory-gb=16" in str(error.value)
+
+
+def test_each_type_is_planned_at_its_slowest_labelled_rate() -> None:
+    registry = NodeRegistry()
+    registry.update([
+        {"NodeID": "a", "NodeManagerAddress": "10.0.0.1", "Alive": True,
+         "Resources": {"shoal:t4": 4.0, "shoal:cpu": 2.0},
+         "Labels": {"shoal.io/device-memory-gb": "16", "shoal.io/device-tflops": "60"}},
+        {"NodeID": "b", "NodeManagerAddress": "10.0.0.2", "Alive": True,
+         "Resources": {"shoal:t4": 2.0, "shoal:a100": 8.0},
+         "Labels": {"shoal.io/device-memory-gb": "16", "shoal.io/device-tflops": "oops"}}])
+    cluster = RayBackend.cluster_spec(SimpleNamespace(  # type: ignore[arg-type]
+        registry=registry, device_memory_gb=None))
+    peaks = {t.name: t.peak_tflops for t in cluster.device_types}
+    # Labelled: the label (a bad one is ignored); unlabelled known GPU: its data-sheet peak.
+    assert peaks == {"t4": 60.0, "cpu": 60.0, "a100": 312.0}

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import ray
 
 from shoal.backends.local.backend import LocalBackend
-from shoal.backends.local.devices import DevicePool
+from shoal.backends.local.devices import DevicePool, gpu_peak_tflops
 from shoal.backends.local.model import JobModel
 from shoal.backends.ray import connect
 from shoal.backends.ray.job import RayJob, RaySettings
@@ -107,12 +107,15 @@ class RayBackend(LocalBackend):
 
     def cluster_spec(self) -> ClusterSpec:
         """The live nodes as a cluster, each type with the smallest memory any of its devices
-        has: the node's ``shoal.io/device-memory-gb`` label, else ``--slot-memory-gb``."""
+        has: the node's ``shoal.io/device-memory-gb`` label, else ``--slot-memory-gb``; and the
+        smallest peak rate: the ``shoal.io/device-tflops`` label, else the data-sheet peak of a
+        type named after a known GPU (``a100``, ``t4``...), else the default."""
         nodes = self.registry.nodes
         if not nodes:
             raise SpecError("the Ray cluster offers no shoal devices yet; start nodes with "
                             "shoal device resources (docs/ray.md)", field="model")
         memory: dict[str, float] = {}
+        peak: dict[str, float] = {}
         for node in nodes:
             known = node.memory_gb or self.device_memory_gb
             if known is None:
@@ -122,8 +125,17 @@ class RayBackend(LocalBackend):
                     f'start the node with --labels="{MEMORY_LABEL}=16" (GiB per device) or '
                     "give the service --slot-memory-gb", field="model")
             memory[node.device_type] = min(memory.get(node.device_type, known), known)
+            if node.peak_tflops is not None:
+                peak[node.device_type] = min(peak.get(node.device_type, node.peak_tflops),
+                                             node.peak_tflops)
+        for device_type in memory:
+            known_peak = gpu_peak_tflops(device_type)
+            if device_type not in peak and known_peak is not None:
+                peak[device_type] = known_peak
         return ClusterSpec(
-            name="ray", device_types=[DeviceType(name=t, memory_gb=m) for t, m in memory.items()],
+            name="ray", device_types=[
+                DeviceType(name=t, memory_gb=m, **({"peak_tflops": peak[t]} if t in peak else {}))
+                for t, m in memory.items()],
             nodes=[NodeGroup(device_type=n.device_type, devices_per_node=n.capacity, count=1)
                    for n in nodes])
 

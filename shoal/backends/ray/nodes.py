@@ -27,6 +27,7 @@ from typing import Any
 RESOURCE_PREFIX = "shoal:"
 TYPE_LABEL = "shoal.io/device-type"
 MEMORY_LABEL = "shoal.io/device-memory-gb"
+TFLOPS_LABEL = "shoal.io/device-tflops"
 NODE_ID_LABEL = "ray.io/node-id"  # set by Ray on every node
 _ACCELERATOR_PREFIX = "accelerator_type:"
 _TYPE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
@@ -43,6 +44,7 @@ class RayNode:
     capacity: int
     bundle: Mapping[str, float]  # Ray resources one replica reserves
     memory_gb: float | None = None  # per device, from the node's MEMORY_LABEL
+    peak_tflops: float | None = None  # per device, from the node's TFLOPS_LABEL
 
     @property
     def gpu(self) -> bool:
@@ -60,7 +62,16 @@ class Offer:
 
 def device_memory_gb(node: Mapping[str, Any]) -> float | None:
     """The node's ``MEMORY_LABEL`` in GiB; None when absent or not a positive number."""
-    raw = str((node.get("Labels") or {}).get(MEMORY_LABEL, "")).strip()
+    return _positive_label(node, MEMORY_LABEL)
+
+
+def device_tflops(node: Mapping[str, Any]) -> float | None:
+    """The node's ``TFLOPS_LABEL`` (peak TFLOP/s per device); None when absent or invalid."""
+    return _positive_label(node, TFLOPS_LABEL)
+
+
+def _positive_label(node: Mapping[str, Any], label: str) -> float | None:
+    raw = str((node.get("Labels") or {}).get(label, "")).strip()
     try:
         value = float(raw)
     except ValueError:
@@ -113,13 +124,13 @@ class NodeRegistry:
                 continue
             ray_id = str(node["NodeID"])
             address = str(node.get("NodeManagerAddress", ""))
-            memory = device_memory_gb(node)
+            memory, tflops = device_memory_gb(node), device_tflops(node)
             for offer in offers(node, self.cores_per_slot):
                 key = (ray_id, offer.device_type)
                 if key not in self._ids:
                     self._ids[key] = len(self._ids)
                 out.append(RayNode(self._ids[key], ray_id, address, offer.device_type,
-                                   offer.capacity, dict(offer.bundle), memory))
+                                   offer.capacity, dict(offer.bundle), memory, tflops))
         self.nodes = tuple(sorted(out, key=lambda n: n.node_id))
         return self.nodes
 

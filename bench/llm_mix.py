@@ -80,7 +80,9 @@ def run(task: dict[str, Any]) -> dict[str, Any]:
                       profiles, plan_mode=task["mode"], seed=task["seed"])
     report = summarize(result)
     llm_names = {j.name for j in llm}
-    llm_rows = [j for j in report["jobs"] if j["name"] in llm_names]
+    # Each job row also carries its plan history; ``plans`` below keeps it once, summarized.
+    llm_rows = [{k: v for k, v in j.items() if k != "plans"}
+                for j in report["jobs"] if j["name"] in llm_names]
     llm_jcts = [j["jct_s"] for j in llm_rows if j["jct_s"] is not None]
     other = [j["jct_s"] for j in report["jobs"]
              if j["name"] not in llm_names and j["jct_s"] is not None]

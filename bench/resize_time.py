@@ -37,7 +37,8 @@ from shoal.backends.local.devices import DevicePool  # noqa: E402
 from shoal.backends.local.job import LocalJob, Phase, RunSettings  # noqa: E402
 from shoal.backends.local.model import JobModel  # noqa: E402
 from shoal.core.types import Allocation, JobLimits  # noqa: E402
-from shoal.spec.job import JobSpec, load_job_yaml  # noqa: E402
+from shoal.demo import profiled_examples, scale_epochs  # noqa: E402
+from shoal.spec.job import load_job_yaml  # noqa: E402
 
 HOOK = '''
 import json, os, time
@@ -89,20 +90,11 @@ def _run_until_first_step(job: LocalJob, path: Path, world: int, after: float,
     raise TimeoutError(f"{job.name}: no step at world size {world} within {timeout} s")
 
 
-def _long_enough(spec: JobSpec, scale: int = 20) -> JobSpec:
-    """The job with ``scale`` times its epochs, so that it is still training after the resizes
-    (the small examples finish within seconds on a fast machine)."""
-    command = list(spec.command)
-    if "--epochs" in command:
-        at = command.index("--epochs") + 1
-        command[at] = str(int(command[at]) * scale)
-    epochs = spec.target_epochs * scale if spec.target_epochs else spec.target_epochs
-    return spec.model_copy(update={"command": command, "target_epochs": epochs})
-
-
 def measure(job_file: Path, workdir: Path, sizes: list[int], timeout: float,
             prewarm: bool) -> dict:
-    spec = _long_enough(load_job_yaml(job_file.read_text(), source=str(job_file)))
+    # The small examples finish within seconds on a fast machine: train them long enough to
+    # still be training after the resizes.
+    spec = load_job_yaml(scale_epochs(job_file.read_text(), 20), source=str(job_file))
     with tempfile.TemporaryDirectory(prefix="shoal-bench-") as scratch:
         home = Path(scratch)
         hook_dir = home / "hook"
@@ -147,8 +139,7 @@ def measure(job_file: Path, workdir: Path, sizes: list[int], timeout: float,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", nargs="*", type=Path,
-                        default=[p for p in sorted((REPO / "examples").glob("*/job.yaml"))
-                                 if "model:" not in p.read_text()])  # planned jobs need a plan
+                        default=profiled_examples())
     parser.add_argument("--sizes", default="1,2,1", help="world sizes in turn")
     parser.add_argument("--timeout", type=float, default=180.0)
     parser.add_argument("--no-prewarm", action="store_true",

@@ -79,7 +79,7 @@ def scale_epochs(job_yaml: str, factor: int) -> str:
     return re.sub(r'("--epochs",\s*")(\d+)', times, job_yaml)
 
 
-def _profiled_examples() -> list[Path]:
+def profiled_examples() -> list[Path]:
     """The example jobs the replay can rebuild from measurements: not those that declare their
     model (they are planned, and report no step-time profile)."""
     return [path for path in sorted((REPO / "examples").glob("*/job.yaml"))
@@ -88,7 +88,7 @@ def _profiled_examples() -> list[Path]:
 
 def run(args: argparse.Namespace) -> int:
     console = Console()
-    files = args.jobs or _profiled_examples()
+    files = args.jobs or profiled_examples()
     if not files:
         console.print("[red]no job files found under examples/[/]")
         return 1

@@ -21,6 +21,7 @@ step time from a cost model:
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -65,6 +66,23 @@ KNOWN_DEVICES: dict[str, DeviceType] = {
                    intra_node_gbps=16, inter_node_gbps=6.25),
     )
 }
+
+
+# Dense fp16 tensor peaks of GPU models by the name CUDA reports, from the same data sheets:
+# each KNOWN_DEVICES family, plus the H200 (Hopper, as H100 SXM) and the slower PCIe cards.
+_PEAK_BY_FAMILY = {name.split("-")[0]: d.peak_tflops for name, d in KNOWN_DEVICES.items()}
+_PEAK_BY_FAMILY["h200"] = _PEAK_BY_FAMILY["h100"]
+_PCIE_PEAK = {"h100": 756.0, "v100": 112.0}
+
+
+def gpu_peak_tflops(name: str) -> float | None:
+    """Data-sheet dense fp16 peak of a GPU from its name (``NVIDIA A100-SXM4-80GB``, ``Tesla
+    T4``, a Ray accelerator type such as ``a100``); None for a model not in the table."""
+    lowered = name.lower()
+    for family, peak in _PEAK_BY_FAMILY.items():
+        if re.search(rf"\b{family}\b", lowered):
+            return _PCIE_PEAK.get(family, peak) if "pcie" in lowered else peak
+    return None
 
 
 def known_device(name: str) -> DeviceType:

@@ -26,8 +26,8 @@ _TINY = 1e-8
 # L-BFGS-B stops when one iteration lowers the objective by less than ftol (absolute here, as
 # the objective is below 1). At 1e-7 a fit could stop on a plateau with step times 8% off,
 # where the point it stopped at depended on the CPU and the numpy/scipy build; at 1e-10 it
-# reaches the optimum (tests/sim/test_perf.py: 189 iterations there instead of 68; a simulated
-# Pollux workload takes about a quarter longer).
+# reaches the optimum (tests/sim/test_perf.py: 189 iterations there instead of 68; shoal on
+# Pollux workload 1 took 15.2 CPU-seconds to simulate instead of 11.7).
 _FTOL = 1e-10
 
 

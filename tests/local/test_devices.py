@@ -9,8 +9,8 @@ from shoal.backends.local.devices import (
     TFLOPS_VARIABLE,
     cpu_tflops,
     detect_pool,
-    gpu_peak_tflops,
 )
+from shoal.perf.parallel import gpu_peak_tflops
 from shoal.spec.errors import SpecError
 
 
@@ -61,7 +61,7 @@ def test_cpu_slots_are_planned_at_their_measured_rate(monkeypatch: pytest.Monkey
 @pytest.mark.parametrize(("name", "peak"), [
     ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA H100 80GB HBM3", 989.0),
     ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H200", 989.0), ("Tesla V100-SXM2-32GB", 125.0),
-    ("Tesla T4", 65.0), ("NVIDIA GeForce RTX 4090", None),
+    ("Tesla T4", 65.0), ("t4", 65.0), ("NVIDIA GeForce RTX 4090", None),
 ])
 def test_known_gpus_are_planned_at_their_data_sheet_peak(name: str, peak: float | None) -> None:
     assert gpu_peak_tflops(name) == peak

@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from shoal.demo import _profiled_examples, scale_epochs
+from shoal.demo import profiled_examples, scale_epochs
 from shoal.spec.job import load_job_yaml
 
 
-@pytest.mark.parametrize("path", _profiled_examples(), ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("path", profiled_examples(), ids=lambda p: p.parent.name)
 def test_scaled_examples_train_longer_and_say_so_to_the_scheduler(path: Path) -> None:
     original = load_job_yaml(path.read_text(), str(path))
     scaled = load_job_yaml(scale_epochs(path.read_text(), 4), str(path))

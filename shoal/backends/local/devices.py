@@ -18,17 +18,18 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from shoal.perf.parallel import gpu_peak_tflops
 from shoal.spec.cluster import DeviceType
 from shoal.spec.errors import SpecError
 
 MEMORY_VARIABLE = "SHOAL_SLOT_MEMORY_GB"
 TFLOPS_VARIABLE = "SHOAL_SLOT_TFLOPS"
+DEFAULT_PEAK_TFLOPS: float = DeviceType.model_fields["peak_tflops"].default
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +48,8 @@ class DevicePool:
         peak rate predicts its step time."""
         memory = self.memory_gb or _machine_memory_gb() / self.slots
         peak = self.peak_tflops or (None if self.gpu_ids else cpu_tflops(self.threads_per_slot))
-        if peak is None:
-            return DeviceType(name=self.device_type, memory_gb=memory)
-        return DeviceType(name=self.device_type, memory_gb=memory, peak_tflops=peak)
+        return DeviceType(name=self.device_type, memory_gb=memory,
+                          peak_tflops=peak or DEFAULT_PEAK_TFLOPS)
 
     def describe(self) -> str:
         if self.gpu_ids:
@@ -82,7 +82,7 @@ def configured_memory_gb(value: float | None = None) -> float | None:
 @functools.cache
 def cpu_tflops(threads: int, size: int = 512, repeats: int = 5) -> float:
     """Float32 matrix-product TFLOP/s of ``threads`` CPU threads: the best of ``repeats``
-    timings (about 0.1 s in all), measured once per process."""
+    timings (about 0.04 s once torch is imported), measured once per process."""
     import torch
 
     previous = torch.get_num_threads()
@@ -119,21 +119,6 @@ def _gpu_name() -> str:
     import torch
 
     return torch.cuda.get_device_name(0)
-
-
-def gpu_peak_tflops(name: str) -> float | None:
-    """Dense fp16 tensor peak of a GPU model from its CUDA name (e.g. ``NVIDIA A100-SXM4-80GB``),
-    from the planner's data-sheet table; None for a model it does not know."""
-    from shoal.perf.parallel import KNOWN_DEVICES
-
-    peaks = {device.name.split("-")[0]: device.peak_tflops for device in KNOWN_DEVICES.values()}
-    peaks["h200"] = peaks["h100"]  # the same Hopper tensor cores, with more memory
-    pcie = {"h100": 756.0, "v100": 112.0}  # PCIe cards run these tensor cores slower
-    lowered = name.lower()
-    for family, peak in peaks.items():
-        if re.search(rf"\b{family}\b", lowered):
-            return pcie.get(family, peak) if "pcie" in lowered else peak
-    return None
 
 
 def _cuda_devices() -> int:

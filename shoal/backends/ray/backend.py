@@ -18,13 +18,14 @@ from urllib.parse import urlsplit, urlunsplit
 import ray
 
 from shoal.backends.local.backend import LocalBackend
-from shoal.backends.local.devices import DevicePool, gpu_peak_tflops
+from shoal.backends.local.devices import DEFAULT_PEAK_TFLOPS, DevicePool
 from shoal.backends.local.model import JobModel
 from shoal.backends.ray import connect
 from shoal.backends.ray.job import RayJob, RaySettings
 from shoal.backends.ray.nodes import MEMORY_LABEL, NodeRegistry
 from shoal.core.planned_jobs import PlannedAdmission, admit_model
 from shoal.core.types import ClusterState, JobLimits
+from shoal.perf.parallel import gpu_peak_tflops
 from shoal.perf.planned import PlannedGoodput
 from shoal.spec.cluster import ClusterSpec, DeviceType, NodeGroup, NodeInfo
 from shoal.spec.errors import SpecError
@@ -128,13 +129,10 @@ class RayBackend(LocalBackend):
             if node.peak_tflops is not None:
                 peak[node.device_type] = min(peak.get(node.device_type, node.peak_tflops),
                                              node.peak_tflops)
-        for device_type in memory:
-            known_peak = gpu_peak_tflops(device_type)
-            if device_type not in peak and known_peak is not None:
-                peak[device_type] = known_peak
         return ClusterSpec(
             name="ray", device_types=[
-                DeviceType(name=t, memory_gb=m, **({"peak_tflops": peak[t]} if t in peak else {}))
+                DeviceType(name=t, memory_gb=m, peak_tflops=peak.get(t) or gpu_peak_tflops(t)
+                           or DEFAULT_PEAK_TFLOPS)
                 for t, m in memory.items()],
             nodes=[NodeGroup(device_type=n.device_type, devices_per_node=n.capacity, count=1)
                    for n in nodes])

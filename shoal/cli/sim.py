@@ -62,6 +62,7 @@ def run_one(task: dict[str, Any]) -> dict[str, Any]:
         restart_delay=task["restart_delay"],
         seed=task["seed"],
         plan_mode=task.get("plan_mode", "search"),
+        time_resolution=task.get("time_resolution", 1.0),
     )
     report = summarize(result)
     report["workload"] = Path(task["workload"]).stem
@@ -114,8 +115,12 @@ def _by_policy(reports: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
                    "repeatable")
 @click.option("--plan-mode", type=click.Choice(PLAN_MODES), default="search", show_default=True,
               help="how jobs that declare a model pick their parallel plan per allocation")
+@click.option("--time-resolution", default=1.0, show_default=True,
+              type=click.FloatRange(min=0.0),
+              help="epochs end on multiples of this many seconds (1: as the Pollux simulator; "
+                   "0: exact, for profiles whose epochs take under a few seconds)")
 def sim_command(workload, policy, cluster, profiles, json_out, plot_out, seed, interval,
-                restart_delay, parallel, knobs, plan_mode) -> None:
+                restart_delay, parallel, knobs, plan_mode, time_resolution) -> None:
     """Simulate a workload trace under one or more policies and compare them."""
     from shoal.backends.sim.locate import default_profiles
     from shoal.policy import POLICIES
@@ -146,7 +151,7 @@ def sim_command(workload, policy, cluster, profiles, json_out, plot_out, seed, i
     tasks = [
         {"workload": str(f), "policy": p, "cluster": cluster, "profiles": str(profile_dir),
          "interval": interval, "restart_delay": restart_delay, "seed": seed,
-         "knobs": overrides, "plan_mode": plan_mode}
+         "knobs": overrides, "plan_mode": plan_mode, "time_resolution": time_resolution}
         for f in files for p in policies
     ]
     reports: list[dict[str, Any]] = []

@@ -293,6 +293,7 @@ def simulate_run(run: MeasuredRun) -> Any:
         interval=run.interval_s, restart_delay=costs.restart_delay,
         start_delay=costs.start_delay, resize_overlap=costs.resize_overlap,
         finish_delay=costs.finish_delay, max_time=100 * max(run.real_jct.values()),
+        time_resolution=0.0,  # real epochs can take milliseconds
     )
 
 

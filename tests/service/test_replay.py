@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -165,3 +166,23 @@ def test_sim_job_holds_its_devices_for_the_finish_delay(tmp_path: Path) -> None:
             job.advance(now, 1.0)
             now += 1.0
     assert slow.finished_at == pytest.approx(quick.finished_at + 2.5)
+
+
+def test_epochs_shorter_than_the_time_resolution_still_take_their_time(tmp_path: Path) -> None:
+    """The Pollux simulator ends epochs on whole seconds; a real run's epochs can take 10 ms,
+    which that rounding would finish in no time. The replay simulates exact times."""
+    fast = [dict(row, step_time=row["step_time"] / 100, sync_time=row["sync_time"] / 100)
+            for row in PROFILE]
+    details = [{"kind": "start", "requested": 0.0, "first_step": 0.0}]
+    run = export_run([dict(_job("a", 0.0, details, 1.0), profile=fast)], CLUSTER, tmp_path)
+    profiles = ProfileLibrary(tmp_path)
+    limits = replace(SimBackend(run.cluster, profiles).admit(run.jobs[0]), fixed_batch=16)
+    finished = {}
+    for resolution in (1.0, 0.0):
+        job = SimJob("a", profiles.get("a"), limits, 0.0, 0.0, 4, time_resolution=resolution)
+        job.reallocate(Allocation("cpu", (0,)), 16)
+        job.advance(0.0, 1.0)
+        finished[resolution] = job.finished_at
+    assert finished[1.0] == 0.0
+    # 4 epochs of 4 steps at batch 16, 2.5 ms each
+    assert finished[0.0] == pytest.approx(4 * 4 * 0.0025)

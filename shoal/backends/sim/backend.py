@@ -66,7 +66,8 @@ class SimOracle:
 class SimBackend:
     def __init__(self, cluster: ClusterSpec, profiles: ProfileLibrary, restart_delay: float = 30,
                  plan_mode: PlanMode = "search", start_delay: float | None = None,
-                 resize_overlap: float = 0.0, finish_delay: float = 0.0):
+                 resize_overlap: float = 0.0, finish_delay: float = 0.0,
+                 time_resolution: float = 1.0):
         self.spec = cluster
         self.profiles = profiles
         self.restart_delay = restart_delay
@@ -75,6 +76,7 @@ class SimBackend:
         self.start_delay = start_delay
         self.resize_overlap = resize_overlap
         self.finish_delay = finish_delay
+        self.time_resolution = time_resolution  # seconds epochs end on (see SimJob)
         self.plan_mode = plan_mode  # how jobs that declare a model pick their parallel plan
         self._state = ClusterState(tuple(cluster.expand()))
         self.services = SimServices(self._state)  # serve and stream jobs
@@ -120,7 +122,8 @@ class SimBackend:
         limits = self._limits(spec, app)
         job = SimJob(spec.name, app, limits, spec.submit_time, self.restart_delay,
                      spec.target_epochs, start_delay=self.start_delay,
-                     resize_overlap=self.resize_overlap, finish_delay=self.finish_delay)
+                     resize_overlap=self.resize_overlap, finish_delay=self.finish_delay,
+                     time_resolution=self.time_resolution)
         if len(self._state.device_types) > 1:
             allowed = spec.device_types or self._state.device_types
             job.bootstrap([d for d in self._state.device_types if d in allowed],

@@ -20,6 +20,7 @@ def isolated_jct(
     restart_delay: float,
     epochs: int | None = None,
     step: float = 3600.0,
+    time_resolution: float = 1.0,
 ) -> float:
     """Seconds to train alone on ``devices`` devices (packed onto nodes), at ``batch_size``.
 
@@ -30,7 +31,7 @@ def isolated_jct(
     while True:
         try:
             return _run_alone(app, limits, batch_size, devices, per_node, device_type,
-                              restart_delay, epochs, step)
+                              restart_delay, epochs, step, time_resolution)
         except ValueError:
             # A share larger than the profile covers (e.g. 1/n of a big cluster): the
             # baseline is the largest share the profile can simulate.
@@ -41,12 +42,13 @@ def isolated_jct(
 
 def _run_alone(app: ApplicationProfile, limits: JobLimits, batch_size: int, devices: int,
                per_node: int, device_type: str, restart_delay: float, epochs: int | None,
-               step: float) -> float:
+               step: float, time_resolution: float) -> float:
     nodes: list[int] = []
     for node in range(math.ceil(devices / per_node)):
         nodes.extend([node] * min(per_node, devices - len(nodes)))
     fixed = replace(limits, fixed_batch=batch_size)
-    job = SimJob("isolated", app, fixed, 0.0, restart_delay, epochs)
+    job = SimJob("isolated", app, fixed, 0.0, restart_delay, epochs,
+                 time_resolution=time_resolution)
     job.reallocate(Allocation(device_type, tuple(nodes)), batch_size)
     now = 0.0
     while job.finished_at is None:

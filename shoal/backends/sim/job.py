@@ -34,12 +34,16 @@ class SimJob(RestartPause):
         start_delay: float | None = None,
         resize_overlap: float = 0.0,
         finish_delay: float = 0.0,
+        time_resolution: float = 1.0,
     ):
         """``restart_delay``: seconds without progress after a resize; ``start_delay``: the
         same for a start from no devices (default ``restart_delay``); ``resize_overlap``:
         seconds the old allocation keeps training after a resize decision before that pause
         (a backend that pre-warms the new replicas, as the local one does); ``finish_delay``:
-        seconds from the last step to the end of the job (its processes exiting)."""
+        seconds from the last step to the end of the job (its processes exiting);
+        ``time_resolution``: epochs end on multiples of this many seconds, 1 as in the Pollux
+        simulator whose traces have epochs of minutes; 0 for exact times (a replay of a real
+        run, whose epochs may take milliseconds, would otherwise finish them in no time)."""
         self.name = name
         self.app = app
         self.limits = limits
@@ -48,6 +52,7 @@ class SimJob(RestartPause):
         self.start_delay = restart_delay if start_delay is None else start_delay
         self.resize_overlap = resize_overlap
         self.finish_delay = finish_delay
+        self.time_resolution = time_resolution
         self.overlap_left = 0.0
         self._overlap: tuple[Allocation, int, int] | None = None  # config still training
         self.max_epochs = epochs or app.max_epochs
@@ -272,7 +277,9 @@ class SimJob(RestartPause):
             else:
                 self.epoch += 1
                 self._hints = None
-                used = round(float((target - self.progress) / rate))
+                used = float((target - self.progress) / rate)
+                if self.time_resolution > 0:
+                    used = round(used / self.time_resolution) * self.time_resolution
                 if self.epoch > min(app.completion_epoch(batch), self.max_epochs - 1):
                     self.finished_at = now + used + self.finish_delay
                     self.device_seconds += self.finish_delay * replicas

@@ -51,6 +51,7 @@ def simulate(
     start_delay: float | None = None,
     resize_overlap: float = 0.0,
     finish_delay: float = 0.0,
+    time_resolution: float = 1.0,
 ) -> SimResult:
     """Simulate ``jobs`` under ``policy`` until every job finishes or fails (or ``max_time``).
 
@@ -60,22 +61,24 @@ def simulate(
     that declare a model pick their parallel plan (see :mod:`shoal.perf.planned`).
     ``start_delay`` (default ``restart_delay``), ``resize_overlap`` and ``finish_delay``
     describe what starts, resizes and exits cost on the backend being modelled (see
-    :class:`~shoal.backends.sim.job.SimJob`).
+    :class:`~shoal.backends.sim.job.SimJob`). Epochs end on multiples of ``time_resolution``
+    seconds (1, as in the Pollux simulator; 0 for exact times, needed when epochs are short).
     """
     # Small BLAS calls (model fits) are several times slower with threads on few cores.
     with threadpool_limits(limits=1):
         return _simulate(jobs, policy, cluster, profiles, interval, restart_delay, seed,
-                         max_time, on_round, plan_mode, start_delay, resize_overlap, finish_delay)
+                         max_time, on_round, plan_mode, start_delay, resize_overlap, finish_delay,
+                         time_resolution)
 
 
 def _simulate(jobs, policy, cluster, profiles, interval, restart_delay, seed, max_time,
               on_round, plan_mode="search", start_delay=None, resize_overlap=0.0,
-              finish_delay=0.0) -> SimResult:
+              finish_delay=0.0, time_resolution=1.0) -> SimResult:
     random.seed(seed)
     np.random.seed(seed)
     backend = SimBackend(cluster, profiles, restart_delay=restart_delay, plan_mode=plan_mode,
                          start_delay=start_delay, resize_overlap=resize_overlap,
-                         finish_delay=finish_delay)
+                         finish_delay=finish_delay, time_resolution=time_resolution)
     scheduler = Scheduler(policy, backend)
     for spec in sorted(jobs, key=lambda s: s.submit_time):
         regime = spec.model_copy(update={"adaptive_batch": policy.adapts_batch_size})
@@ -146,7 +149,8 @@ def _isolated_jcts(result: SimResult, backend: SimBackend) -> dict[str, float]:
             elif dtype in job.app.devices:
                 times.append(isolated_jct(job.app, rec.limits, batch, share,
                                           backend.per_node_by_type[dtype], dtype,
-                                          backend.restart_delay, rec.spec.target_epochs))
+                                          backend.restart_delay, rec.spec.target_epochs,
+                                          time_resolution=backend.time_resolution))
         known = [t for t in times if t is not None]
         if known:
             out[rec.name] = min(known)

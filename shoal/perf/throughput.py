@@ -50,6 +50,19 @@ class PerfParams:
         return np.array(self.as_tuple(), dtype=float)
 
 
+def borrow_scaling(own: PerfParams, explored: PerfParams, local_bsz: float) -> PerfParams:
+    """A device type a job has run on one replica only, scaled like a type it has run larger on.
+
+    Sia's bootstrapping: the explored type's parameters, with its compute terms scaled so that
+    one replica at ``local_bsz`` takes the compute time measured on this type. One replica says
+    nothing about this type's communication, so the explored type's network terms stand in.
+    """
+    ratio = (own.alpha_c + own.beta_c * local_bsz) / (explored.alpha_c
+                                                      + explored.beta_c * local_bsz)
+    return PerfParams(explored.alpha_c * ratio, explored.beta_c * ratio, explored.alpha_n,
+                      explored.beta_n, explored.alpha_r, explored.beta_r, explored.gamma)
+
+
 def predict_grad_time(params: PerfParams, atomic_bsz: ArrayLike) -> np.ndarray:
     """Forward and backward time of one micro-batch."""
     return params.alpha_c + params.beta_c * np.asarray(atomic_bsz, dtype=float)

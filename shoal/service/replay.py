@@ -246,7 +246,8 @@ def export_run(jobs: list[dict[str, Any]], cluster: dict[str, Any], out: Path) -
         max_local = int(bounds.get("max_local_bsz") or max_batch)
         max_replicas = min(per_node, int(job["spec"].get("max_replicas") or per_node))
         try:
-            steps = placement_rows(job.get("profile") or [], max_replicas, max_local, per_node)
+            profile = [r for r in job.get("profile") or [] if r.get("device_type", dtype) == dtype]
+            steps = placement_rows(profile, max_replicas, max_local, per_node)
             traces = {b: validation_rows(trace, init, b) for b in sorted({init, max_batch})}
         except ValueError as exc:
             raise ValueError(f"{name}: {exc}") from exc

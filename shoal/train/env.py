@@ -61,6 +61,7 @@ class TrainEnv:
     max_local_bsz: int | None = None
     checkpoint_interval_s: float | None = None
     standby_file: Path | None = None
+    device_type: str | None = None
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str] | None = None) -> TrainEnv:
@@ -91,6 +92,7 @@ class TrainEnv:
             max_local_bsz=_int(env, "SHOAL_MAX_LOCAL_BSZ", None, 1),
             checkpoint_interval_s=_float(env, "SHOAL_CHECKPOINT_INTERVAL"),
             standby_file=Path(env["SHOAL_STANDBY_FILE"]) if env.get("SHOAL_STANDBY_FILE") else None,
+            device_type=(env.get("SHOAL_DEVICE_TYPE") or "").strip() or None,
         )
 
     @property

@@ -73,7 +73,7 @@ class ElasticTrainer:
         self.rule = resolve_rule(lr_scaling, optimizer)
         self.measure_noise = measure_noise
         self.noise = NoiseScaleEstimator(noise_smoothing)
-        self.profile = StepProfile()
+        self.profile = StepProfile(device_type=ctx.env.device_type)
         self.steps = 0
         self.samples = 0
         self.progress = 0.0  # samples-equivalent at the initial batch size (scale-invariant)

@@ -43,6 +43,7 @@ def test_ranks_count_per_node_and_rank_zero_is_master(tmp_path: Path) -> None:
         assert env["SHOAL_CHECKPOINT_DIR"] == str(tmp_path / "shared" / "j")
         assert env["SHOAL_SCHEDULER_URL"] == "http://10.0.0.1:8000"
         assert env["OMP_NUM_THREADS"] == "2" and env["SHOAL_JOB"] == "j"
+        assert env["SHOAL_DEVICE_TYPE"] == alloc.device_type
         assert "GLOO_SOCKET_IFNAME" not in env  # a real network: each node's own setting
 
 

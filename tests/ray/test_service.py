@@ -109,6 +109,10 @@ def test_spanning_and_concurrent_jobs_land_on_their_types(service: Service,
     # Each single-node job ran on the node of its type.
     assert {p[4] for p in placements(service, "on-fast")} == {HEAD_IP}
     assert {p[4] for p in placements(service, "on-slow")} == {WORKER_IP}
+    # Their step times reached the scheduler under the type they were measured on.
+    for name, dtype in (("on-fast", "fast"), ("on-slow", "slow"), ("span", "cpu")):
+        profile = service.job(name).get("profile") or []
+        assert profile and {row.get("device_type") for row in profile} == {dtype}, profile
     # The fast job ran while the spanning one did (it started before the other finished).
     span_events, fast_events = events(service, "span"), events(service, "on-fast")
     assert first_time(fast_events, "running") < first_time(span_events, "finished")

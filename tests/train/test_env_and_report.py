@@ -57,17 +57,17 @@ def test_env_contract_is_read() -> None:
             "RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
             "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234", "SHOAL_JOB": "mlp",
             "SHOAL_CHECKPOINT_DIR": "/tmp/ck", "SHOAL_SCHEDULER_URL": "http://h:1/",
-            "SHOAL_BATCH_SIZE": "256", "SHOAL_MAX_LOCAL_BSZ": "32",
+            "SHOAL_BATCH_SIZE": "256", "SHOAL_MAX_LOCAL_BSZ": "32", "SHOAL_DEVICE_TYPE": "a100",
         }
     )
     assert (env.rank, env.world_size, env.local_rank, env.num_nodes) == (1, 4, 1, 2)
     assert env.master_addr == "10.0.0.1" and env.master_port == 1234 and env.job == "mlp"
     assert env.checkpoint_dir == Path("/tmp/ck") and env.scheduler_url == "http://h:1"
     assert env.batch_size == 256 and env.max_local_bsz == 32 and env.distributed
+    assert env.device_type == "a100"
     plain = TrainEnv.from_environ({})
-    assert (plain.rank, plain.world_size, plain.checkpoint_dir, plain.scheduler_url) == (
-        0, 1, None, None
-    )
+    assert (plain.rank, plain.world_size, plain.checkpoint_dir, plain.scheduler_url,
+            plain.device_type) == (0, 1, None, None, None)
 
 
 @pytest.mark.parametrize(

@@ -187,7 +187,8 @@ class LocalBackend:
         current = job.model.batch_size
         if job.phase != Phase.RUNNING or alloc is None or not current or payload.get("done"):
             return {}
-        best = job.model.best_batch(job.limits, alloc.num_nodes, alloc.num_replicas)
+        best = job.model.best_batch(job.limits, alloc.num_nodes, alloc.num_replicas,
+                                    alloc.device_type)
         if best is not None and abs(best - current) > _BATCH_CHANGE * current:
             return {"batch_size": best}
         return {}

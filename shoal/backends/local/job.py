@@ -192,6 +192,7 @@ class LocalJob:
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
             SHOAL_JOB=self.name,
+            SHOAL_DEVICE_TYPE=allocation.device_type,
             SHOAL_CHECKPOINT_DIR=str(self.checkpoint_dir),
             SHOAL_CHECKPOINT_INTERVAL=str(self.settings.checkpoint_interval_s),
             GLOO_SOCKET_IFNAME="lo",
@@ -225,7 +226,8 @@ class LocalJob:
         return env
 
     def _model_batch(self, allocation: Allocation) -> int | None:
-        return self.model.best_batch(self.limits, allocation.num_nodes, allocation.num_replicas)
+        return self.model.best_batch(self.limits, allocation.num_nodes, allocation.num_replicas,
+                                     allocation.device_type)
 
     def _spawn(self, allocation: Allocation, go_file: Path | None = None) -> list[Replica]:
         """Start one process per replica of ``allocation`` (as a standby when ``go_file``)."""

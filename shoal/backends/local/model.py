@@ -23,9 +23,17 @@ from shoal.core.types import JobLimits, ModelHints
 from shoal.perf import GoodputModel, GradStats, PerfParams, fit_perf_params
 from shoal.perf.parallel import Plan
 from shoal.perf.planned import PlannedGoodput
+from shoal.perf.throughput import borrow_scaling
 from shoal.spec.job import JobSpec
 
 _REFIT_SECONDS = 15.0
+
+
+@dataclass(frozen=True)
+class _Fit:
+    perf: PerfParams
+    keys: frozenset[tuple[int, int, int, int]]  # the configurations it was fitted to
+    at: float
 
 
 def _cap(value: int, bound: int | None) -> int:
@@ -42,7 +50,6 @@ class JobModel:
     batch_size: int | None = None
     grad: GradStats | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)
-    perf: PerfParams | None = None
     epoch: int = 0
     fraction: float = 0.0  # of the job done, 0..1
     steps: int = 0
@@ -55,8 +62,7 @@ class JobModel:
     # A job that declares its model: the planner's goodput per device type it may run on.
     planned_types: dict[str, PlannedGoodput] = field(default_factory=dict)
     target_tokens: int | None = None
-    _fitted_keys: frozenset[tuple[int, int, int, int]] = frozenset()
-    _fitted_at: float = 0.0
+    _fits: dict[str, _Fit] = field(default_factory=dict)  # per device type
     _progress_log: list[tuple[float, float]] = field(default_factory=list)
 
     @classmethod
@@ -118,15 +124,29 @@ class JobModel:
         return min(1.0, (self.epoch + within) / self.target_epochs)
 
     # ----- models -----
-    def perf_params(self, now: float | None = None) -> PerfParams | None:
+    def rows_by_type(self) -> dict[str, list[dict[str, Any]]]:
+        """Usable profile rows per device type. A row without ``device_type`` (a trainer that
+        was not told its type) counts as measured on the type the job runs on now."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for row in self.rows:
+            if row.get("step_time", 0) > 0 and row.get("count", 0) > 0:
+                out.setdefault(str(row.get("device_type") or self.device_type), []).append(row)
+        return out
+
+    def perf_params(self, device_type: str | None = None,
+                    now: float | None = None) -> PerfParams | None:
+        """The throughput model fitted to the steps measured on ``device_type`` (default: the
+        type the job runs on); None where it has not run."""
         now = time.time() if now is None else now
-        usable = [r for r in self.rows if r.get("step_time", 0) > 0 and r.get("count", 0) > 0]
+        dtype = device_type or self.device_type
+        usable = self.rows_by_type().get(dtype)
         if not usable:
             return None
         keys = frozenset(
             (r["num_nodes"], r["num_replicas"], r["local_bsz"], r["accum_steps"]) for r in usable
         )
-        if keys != self._fitted_keys or now - self._fitted_at > _REFIT_SECONDS:
+        fit = self._fits.get(dtype)
+        if fit is None or keys != fit.keys or now - fit.at > _REFIT_SECONDS:
             nodes, replicas, bsz, grad, step = [], [], [], [], []
             for r in usable:
                 accum = int(r["accum_steps"])
@@ -137,14 +157,43 @@ class JobModel:
                 bsz.append(r["local_bsz"])
                 grad.append(micro)
                 step.append(max(r["step_time"] - accum * micro, micro))
-            self.perf = fit_perf_params(nodes, replicas, bsz, grad, step, warm_start=self.perf)
-            self._fitted_keys, self._fitted_at = keys, now
-        return self.perf
+            perf = fit_perf_params(nodes, replicas, bsz, grad, step,
+                                   warm_start=None if fit is None else fit.perf)
+            fit = self._fits[dtype] = _Fit(perf, keys, now)
+        return fit.perf
 
-    def goodput(self, limits: JobLimits) -> GoodputModel | PlannedGoodput | None:
-        if self.planned is not None:
-            return self.planned
-        perf = self.perf_params()
+    @property
+    def perf(self) -> PerfParams | None:
+        """The last fit on the type the job runs on (without refitting)."""
+        fit = self._fits.get(self.device_type)
+        return None if fit is None else fit.perf
+
+    def max_profiled(self) -> dict[str, int]:
+        """Per device type, the most replicas the job has measured steps on."""
+        return {dtype: max(int(r["num_replicas"]) for r in rows)
+                for dtype, rows in self.rows_by_type().items()}
+
+    def _scaled_perf(self, device_type: str, profiled: Mapping[str, int]) -> PerfParams | None:
+        """The type's own fit; where the job ran only one replica of it, that fit's compute
+        with the scaling of the type it ran most replicas on (as the simulator and Sia do)."""
+        perf = self.perf_params(device_type)
+        if perf is None or profiled.get(device_type, 0) > 1:
+            return perf
+        explored = max(profiled, key=lambda d: profiled[d])
+        if explored == device_type or profiled[explored] <= 1:
+            return perf
+        other = self.perf_params(explored)
+        if other is None:
+            return perf
+        bsz = min(int(r["local_bsz"]) for r in self.rows_by_type()[device_type])
+        return borrow_scaling(perf, other, bsz)
+
+    def goodput(self, limits: JobLimits,
+                device_type: str | None = None) -> GoodputModel | PlannedGoodput | None:
+        """The goodput model on ``device_type`` (default: the type the job runs on)."""
+        if self.planned_types:
+            return self.planned_types.get(device_type or self.device_type) or self.planned
+        perf = self._scaled_perf(device_type or self.device_type, self.max_profiled())
         if perf is None or self.grad is None:
             return None
         return GoodputModel(
@@ -158,11 +207,11 @@ class JobModel:
                               max_profiled_replicas={t: limits.max_replicas
                                                      for t in self.planned_types},
                               epoch=self.epoch, progress=self.fraction)
-        model = self.goodput(limits)
-        profiled = max((int(r["num_replicas"]) for r in self.rows), default=0)
+        profiled = self.max_profiled()
+        models = {dtype: self.goodput(limits, dtype) for dtype in profiled}
         return ModelHints(
-            goodput={self.device_type: model} if model is not None else {},
-            max_profiled_replicas={self.device_type: profiled} if profiled else {},
+            goodput={dtype: m for dtype, m in models.items() if m is not None},
+            max_profiled_replicas=profiled,
             epoch=self.epoch,
             progress=self.fraction,
         )
@@ -182,11 +231,13 @@ class JobModel:
             fixed_batch=base.fixed_batch,
         )
 
-    def best_batch(self, limits: JobLimits, num_nodes: int, num_replicas: int) -> int | None:
-        """The global batch with the best goodput on this allocation (None without a model)."""
+    def best_batch(self, limits: JobLimits, num_nodes: int, num_replicas: int,
+                   device_type: str | None = None) -> int | None:
+        """The global batch with the best goodput on this allocation (None without a model);
+        on a type the job has not run on yet, as measured on the type it runs on."""
         if limits.fixed_batch is not None:
             return limits.fixed_batch
-        model = self.goodput(limits)
+        model = self.goodput(limits, device_type) or self.goodput(limits)
         if model is None:
             return None
         choice = model.optimize(num_nodes, num_replicas)

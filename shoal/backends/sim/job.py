@@ -16,7 +16,7 @@ from shoal.backends.sim.profile import ApplicationProfile
 from shoal.core.types import Allocation, JobLimits, ModelHints
 from shoal.perf.efficiency import GradStats
 from shoal.perf.goodput import GoodputModel
-from shoal.perf.throughput import PerfParams, fit_perf_params
+from shoal.perf.throughput import PerfParams, borrow_scaling, fit_perf_params
 
 _EPS = 1e-8
 
@@ -115,10 +115,7 @@ class SimJob(RestartPause):
         other = self._perf_params(explored)
         if other is None:
             return perf
-        bsz = next(iter(self.measured[device_type]))[2]
-        ratio = (perf.alpha_c + perf.beta_c * bsz) / (other.alpha_c + other.beta_c * bsz)
-        return PerfParams(other.alpha_c * ratio, other.beta_c * ratio, other.alpha_n,
-                          other.beta_n, other.alpha_r, other.beta_r, other.gamma)
+        return borrow_scaling(perf, other, next(iter(self.measured[device_type]))[2])
 
     def goodput_model(self, device_type: str) -> GoodputModel | None:
         perf = self._perf_params(device_type)

@@ -81,6 +81,16 @@ class ServiceProcess:
     process: subprocess.Popen
     log_path: Path
     url: str = ""
+    host: str = LOOPBACK  # where it listens
+    node: int = 0  # the scheduler's node it serves from
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def exited(self) -> int | None:
+        """Its exit code, None while it runs."""
+        return self.process.poll()
 
     def log(self) -> str:
         try:

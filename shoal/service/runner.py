@@ -25,7 +25,7 @@ from typing import Any
 from shoal.backends.local.backend import LocalBackend
 from shoal.backends.local.devices import configured_memory_gb, detect_pool
 from shoal.backends.local.job import LocalJob, Phase, RunSettings
-from shoal.backends.local.services import LocalServeJob, check_local_service
+from shoal.backends.local.services import LocalServeJob
 from shoal.core.scheduler import RoundTrigger, Scheduler
 from shoal.core.state import JobRecord
 from shoal.core.types import TERMINAL_STATES, Allocation, Change, JobState
@@ -171,7 +171,7 @@ class Runner:
             if spec.command:
                 raise SpecError(f"a {spec.kind} job runs the built-in model server, not a "
                                 "program: remove command", field="command")
-            check_local_service(spec, self.pool.device_type)
+            self.backend.check_service(spec)
             return
         if not spec.command:
             raise SpecError(

@@ -90,3 +90,18 @@ def test_a_checkpointed_profile_keeps_each_type_apart() -> None:
     untyped = StepProfile(warmup_steps=0)
     untyped.record((1, 1, 32, 0), 0.2, 0.0)
     assert "device_type" not in untyped.rows()[0]
+
+
+def test_a_type_never_run_on_is_predicted_from_the_ratio_of_peak_rates() -> None:
+    model = _model("t4", _rows(FAST, EXPLORED, "t4"))
+    model.type_peaks = {"t4": 65.0, "a100": 312.0}
+    hints = model.hints(LIMITS)
+    assert set(hints.goodput) == {"t4", "a100"}
+    assert hints.max_profiled_replicas == {"t4": 8}  # nothing measured on the a100s
+    t4, a100 = hints.goodput["t4"].perf, hints.goodput["a100"].perf
+    assert float(predict_grad_time(a100, 64)) == pytest.approx(
+        float(predict_grad_time(t4, 64)) * 65.0 / 312.0)
+    assert (a100.alpha_n, a100.beta_n, a100.gamma) == (t4.alpha_n, t4.beta_n, t4.gamma)
+    # without peak rates an unmeasured type has no model (policies fall back to a measured one)
+    model.type_peaks = {}
+    assert set(model.hints(LIMITS).goodput) == {"t4"}

@@ -10,9 +10,12 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import httpx
 import pytest
 
+from shoal.serve.wire import example_tokens
 from tests.ray.cluster import HEAD_IP, WORKER_IP, LoopbackCluster
 from tests.service.helpers import Service, all_done, running_service, wait_until
 
@@ -118,6 +121,47 @@ def test_spanning_and_concurrent_jobs_land_on_their_types(service: Service,
     assert first_time(fast_events, "running") < first_time(span_events, "finished")
     assert first_time(span_events, "running") < first_time(fast_events, "finished")
     assert all(n["used"] == 0 for n in service.get("/api/cluster")["nodes"])
+
+
+SERVE_YAML = """name: web
+kind: serve
+device_types: [cpu]
+serve:
+  model: tiny
+  slo_s: 30.0
+  latency: {cpu: [0.05]}
+  min_replicas: 2
+  max_replicas: 2
+"""
+
+
+def test_a_serve_job_runs_its_model_servers_on_the_chosen_nodes(service: Service) -> None:
+    # Two cpu replicas: one on each node, behind the router on the service's machine.
+    assert service.submit(SERVE_YAML).status_code == 201
+    def serving_on_two() -> bool:
+        metrics = service.job("web").get("service") or {}
+        return metrics.get("replicas") == 2 and metrics.get("url") is not None
+
+    wait_until(serving_on_two, 120, "both model servers behind the router",
+               service.diagnostics)
+    url = service.job("web")["service"]["url"]
+    wait_until(lambda: len(httpx.get(f"{url}/stats", timeout=10.0).json()["replicas"]) == 2,
+               30, "the router forwarding to both", service.diagnostics)
+    routed = httpx.get(f"{url}/stats", timeout=10.0).json()["replicas"]
+    assert {urlsplit(u).hostname for u in routed} == {HEAD_IP, WORKER_IP}, routed
+    with httpx.Client(timeout=30.0) as client:
+        for i in range(4):
+            answer = client.post(f"{url}/infer", json={"tokens": example_tokens(i)})
+            assert answer.status_code == 200, answer.text
+    logs = sorted((service.home / "logs" / "web").glob("replica-*.log"))
+    hosts = {m.group(1) for path in logs
+             for m in re.finditer(r"Ray node \w+, host \S+ \(([\d.]+)\)", path.read_text())}
+    assert hosts == {HEAD_IP, WORKER_IP}, [p.read_text()[:300] for p in logs]
+    stats = httpx.get(f"{url}/stats", timeout=10.0).json()
+    assert stats["total_forwarded"] >= 4
+    assert service.http.post(f"{service.url}/api/jobs/web/cancel").status_code == 200
+    wait_until(lambda: all(n["used"] == 0 for n in service.get("/api/cluster")["nodes"]), 30,
+               "the servers' devices back", service.diagnostics)
 
 
 def test_lost_node_resizes_and_resumes_from_checkpoint(service: Service, checkpoints: Path,

@@ -340,3 +340,24 @@ def test_local_backend_runs_a_serve_job_that_answers_http_and_follows_its_demand
             sender.join(30)
         backend.stop_all()
     assert backend.services["web"].replicas == [] and backend.services["web"].router is None
+
+
+@pytest.mark.parametrize(("offered", "extra", "field"), [
+    (["cpu", "fast"], "", None),  # a profiled type among several offered
+    (["fast", "slow"], "", "serve.latency"),  # no offered type is profiled
+    (["gpu"], "device_types: [cpu]\n", "device_types"),
+    (["cpu", "fast"], "device_types: [gpu]\n", "device_types"),  # none the job allows
+    (["cpu"], "", None),
+])
+def test_a_backend_runs_a_serve_job_with_a_profile_for_an_offered_type(offered, extra, field):
+    from shoal.backends.local.services import check_local_service
+
+    spec = load_job_yaml("name: web\nkind: serve\n" + extra +
+                         "serve: {model: tiny, slo_s: 1.0, latency: {cpu: [0.05], "
+                         "gpu: [0.01]}}\n")
+    if field is None:
+        check_local_service(spec, offered)
+        return
+    with pytest.raises(SpecError) as error:
+        check_local_service(spec, offered)
+    assert error.value.field == field

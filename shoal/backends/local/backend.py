@@ -42,14 +42,23 @@ class LocalBackend:
     def cluster(self) -> ClusterState:
         return self._state
 
+    def check_service(self, spec: JobSpec) -> None:
+        """SpecError unless this backend can run the serve (or stream) job ``spec``."""
+        check_local_service(spec, [self.pool.device_type])
+
+    def _service(self, spec: JobSpec) -> LocalServeJob:
+        return LocalServeJob(spec, self.settings)
+
     def admit(self, spec: JobSpec, workdir: Path | None = None) -> JobLimits:
         if spec.kind != "train":
-            check_local_service(spec, self.pool.device_type)
+            self.check_service(spec)
             assert spec.serve is not None
-            self.services[spec.name] = LocalServeJob(spec, self.settings)
+            self.services[spec.name] = self._service(spec)
+            capacity = sum(n.capacity for n in self.cluster().nodes
+                           if n.device_type in spec.serve.device_types)
             return JobLimits(init_batch_size=1, max_batch_size=1, min_local_bsz=1,
                              max_local_bsz=1,
-                             max_replicas=min(self.pool.slots, spec.serve.max_replicas))
+                             max_replicas=min(capacity, spec.serve.max_replicas))
         if not spec.command:
             raise SpecError(
                 "the local backend runs a program: add e.g. "

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -62,6 +62,10 @@ class JobModel:
     # A job that declares its model: the planner's goodput per device type it may run on.
     planned_types: dict[str, PlannedGoodput] = field(default_factory=dict)
     target_tokens: int | None = None
+    # Peak rate per device type of the cluster (backends with several types set it): on a
+    # type the job has not run on, it is predicted from the type it ran most replicas on, with
+    # the compute time scaled by the ratio of peaks (a data-sheet prior until it runs there).
+    type_peaks: dict[str, float] = field(default_factory=dict)
     _fits: dict[str, _Fit] = field(default_factory=dict)  # per device type
     _progress_log: list[tuple[float, float]] = field(default_factory=list)
 
@@ -175,9 +179,12 @@ class JobModel:
 
     def _scaled_perf(self, device_type: str, profiled: Mapping[str, int]) -> PerfParams | None:
         """The type's own fit; where the job ran only one replica of it, that fit's compute
-        with the scaling of the type it ran most replicas on (as the simulator and Sia do)."""
+        with the scaling of the type it ran most replicas on (as the simulator and Sia do);
+        where it never ran, the peak-rate prior (``type_peaks``)."""
         perf = self.perf_params(device_type)
-        if perf is None or profiled.get(device_type, 0) > 1:
+        if perf is None:
+            return self._peak_prior(device_type, profiled)
+        if profiled.get(device_type, 0) > 1:
             return perf
         explored = max(profiled, key=lambda d: profiled[d])
         if explored == device_type or profiled[explored] <= 1:
@@ -187,6 +194,18 @@ class JobModel:
             return perf
         bsz = min(int(r["local_bsz"]) for r in self.rows_by_type()[device_type])
         return borrow_scaling(perf, other, bsz)
+
+    def _peak_prior(self, device_type: str, profiled: Mapping[str, int]) -> PerfParams | None:
+        own = self.type_peaks.get(device_type)
+        measured = [t for t in profiled if self.type_peaks.get(t)]
+        if not own or not measured:
+            return None
+        base = max(measured, key=lambda t: profiled[t])
+        perf = self._scaled_perf(base, profiled)
+        if perf is None:
+            return None
+        ratio = self.type_peaks[base] / own
+        return replace(perf, alpha_c=perf.alpha_c * ratio, beta_c=perf.beta_c * ratio)
 
     def goodput(self, limits: JobLimits,
                 device_type: str | None = None) -> GoodputModel | PlannedGoodput | None:
@@ -208,7 +227,7 @@ class JobModel:
                                                      for t in self.planned_types},
                               epoch=self.epoch, progress=self.fraction)
         profiled = self.max_profiled()
-        models = {dtype: self.goodput(limits, dtype) for dtype in profiled}
+        models = {dtype: self.goodput(limits, dtype) for dtype in {**profiled, **self.type_peaks}}
         return ModelHints(
             goodput={dtype: m for dtype, m in models.items() if m is not None},
             max_profiled_replicas=profiled,

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -39,34 +40,56 @@ RATE_WINDOW_S = 10.0
 MAX_CRASHES = 3
 
 
-def check_local_service(spec: JobSpec, device_type: str) -> None:
-    """SpecError unless the local backend can run ``spec`` (a serve job of the tiny model)."""
+def check_local_service(spec: JobSpec, device_types: Sequence[str]) -> None:
+    """SpecError unless a backend offering ``device_types`` can run ``spec`` (a serve job of
+    the tiny model, with a latency profile for an offered type the job allows)."""
     if spec.kind == "stream":
-        raise SpecError("the local backend runs train and serve jobs; simulate stream jobs "
+        raise SpecError("shoal's backends run train and serve jobs; simulate stream jobs "
                         "with `shoal sim`", field="kind")
     serve = spec.serve
     assert serve is not None
     if serve.model != LOCAL_MODEL:
-        raise SpecError(f"the local backend serves the built-in model '{LOCAL_MODEL}' "
+        raise SpecError(f"shoal serves the built-in model '{LOCAL_MODEL}' "
                         f"(shoal.serve.tiny_model); got '{serve.model}'", field="serve.model")
-    if device_type not in serve.device_types:
-        raise SpecError(f"this machine offers '{device_type}' devices; add a latency profile "
-                        f"for them, e.g. latency: {device_type}: [0.004, 0.005, 0.006]",
-                        field="serve.latency")
-    if spec.device_types and device_type not in spec.device_types:
-        raise SpecError(f"this machine offers '{device_type}' devices, the job allows "
+    offered = ", ".join(f"'{t}'" for t in device_types)
+    allowed = [t for t in device_types if not spec.device_types or t in spec.device_types]
+    if not allowed:
+        raise SpecError(f"the devices offered are {offered}, the job allows "
                         f"{spec.device_types}", field="device_types")
+    if not set(allowed) & set(serve.device_types):
+        raise SpecError(f"the devices offered are {offered}; add a latency profile for one, "
+                        f"e.g. latency: {allowed[0]}: [0.004, 0.005, 0.006]",
+                        field="serve.latency")
 
 
-def _ready_url(service: ServiceProcess) -> str | None:
+class ServeReplica(Protocol):
+    """A started model server or router (a local process, or a Ray actor's process)."""
+
+    name: str
+    url: str  # "" until it announced its port
+    host: str
+    node: int
+
+    @property
+    def pid(self) -> int | None: ...  # on this machine; None for a process elsewhere
+
+    def log(self) -> str: ...
+
+    def exited(self) -> int | None: ...
+
+    def stop(self) -> None: ...
+
+
+def _ready_url(service: ServeReplica) -> str | None:
     """The URL a started process announced, None while it starts; RuntimeError if it died."""
     if not service.url:
         for line in service.log().splitlines():
             if line.startswith(READY_PREFIX):
-                service.url = f"http://{LOOPBACK}:{int(line[len(READY_PREFIX):])}"
+                service.url = f"http://{service.host}:{int(line[len(READY_PREFIX):])}"
                 break
-    if service.process.poll() is not None:
-        raise RuntimeError(f"{service.name} exited with code {service.process.returncode}: "
+    code = service.exited()
+    if code is not None:
+        raise RuntimeError(f"{service.name} exited with code {code}: "
                            + " | ".join(service.log().strip().splitlines()[-3:]))
     return service.url or None
 
@@ -76,7 +99,7 @@ class LocalServeJob:
     spec: JobSpec
     settings: RunSettings
     target: Allocation | None = None
-    replicas: list[ServiceProcess] = field(default_factory=list)  # starting or ready
+    replicas: list[ServeReplica] = field(default_factory=list)  # starting or ready
     router: ServiceProcess | None = None
     routed: list[str] = field(default_factory=list)  # what the router forwards to
     device_seconds: float = 0.0
@@ -111,7 +134,7 @@ class LocalServeJob:
         return self.router.url if self.router is not None and self.routed else None
 
     @property
-    def ready(self) -> list[ServiceProcess]:
+    def ready(self) -> list[ServeReplica]:
         return [r for r in self.replicas if r.url]
 
     # ----- actions -----
@@ -159,21 +182,27 @@ class LocalServeJob:
                 self.stop()
                 self._end(now, f"{exc}; gave up after {MAX_CRASHES} restarts")
                 return
-        want = self.target.num_replicas if self.target is not None else 0
-        if want == 0:
+        if self.target is None or self.target.num_replicas == 0:
             if self.replicas or self.router:
                 self.stop()
             return
         if self.started_at is None:
             self.started_at = now
-        while len(self.replicas) > want:  # starting replicas go first, then the newest
-            starting = [r for r in self.replicas if not r.url]
-            victim = starting[-1] if starting else self.replicas[-1]
-            self.replicas.remove(victim)
-            self._route()
-            victim.stop()
-        while len(self.replicas) < want:
-            self.replicas.append(self._start_replica())
+        wanted = Counter(self.target.nodes)
+        for node in sorted({r.node for r in self.replicas}):
+            on_node = [r for r in self.replicas if r.node == node]
+            while len(on_node) > wanted[node]:  # starting replicas go first, then the newest
+                starting = [r for r in on_node if not r.url]
+                victim = starting[-1] if starting else on_node[-1]
+                on_node.remove(victim)
+                self.replicas.remove(victim)
+                self._route()
+                victim.stop()
+        for node, count in sorted(wanted.items()):
+            for _ in range(count - sum(r.node == node for r in self.replicas)):
+                replica = self._start_replica(node)
+                if replica is not None:
+                    self.replicas.append(replica)
         self._route()
 
     def _collect(self) -> None:
@@ -192,17 +221,24 @@ class LocalServeJob:
                 self._route()
                 raise
 
-    def _start_replica(self) -> ServiceProcess:
+    def server_args(self, host: str) -> list[str]:
+        """The model server's arguments for a replica listening on ``host``."""
         serve = self.spec.serve
         assert serve is not None and self.target is not None
+        return ["--host", host, "--port", "0",
+                "--max-batch", str(serve.batch_limit(self.target.device_type)),
+                "--max-wait-ms", str(serve.max_wait_s * 1000.0),
+                "--threads", str(self.settings.pool.threads_per_slot)]
+
+    def _start_replica(self, node: int) -> ServeReplica | None:
+        """A model server for the target's device on ``node`` (this machine's only node)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._seq += 1
-        threads = self.settings.pool.threads_per_slot
-        args = ["--host", LOOPBACK, "--port", "0",
-                "--max-batch", str(serve.batch_limit(self.target.device_type)),
-                "--max-wait-ms", str(serve.max_wait_s * 1000.0), "--threads", str(threads)]
-        return start_process(f"replica-{self._seq}", "shoal.serve.server", args, self.log_dir,
-                             threads)
+        replica = start_process(f"replica-{self._seq}", "shoal.serve.server",
+                                self.server_args(LOOPBACK), self.log_dir,
+                                self.settings.pool.threads_per_slot)
+        replica.node = node
+        return replica
 
     def _route(self) -> None:
         """Start the router once a replica is ready; keep its replica set = the ready ones."""
@@ -261,7 +297,8 @@ class LocalServeJob:
     @property
     def pids(self) -> list[int]:
         """Process ids of the router and the replicas (for clean-up after a crash)."""
-        return [s.process.pid for s in ([self.router] if self.router else []) + self.replicas]
+        services = ([self.router] if self.router else []) + self.replicas
+        return [s.pid for s in services if s.pid is not None]
 
     def status(self, now: float) -> JobStatus:
         extra: dict[str, Any] = {"running": self.url is not None, "url": self.url,

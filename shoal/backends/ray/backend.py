@@ -20,9 +20,11 @@ import ray
 from shoal.backends.local.backend import LocalBackend
 from shoal.backends.local.devices import DEFAULT_PEAK_TFLOPS, DevicePool
 from shoal.backends.local.model import JobModel
+from shoal.backends.local.services import check_local_service
 from shoal.backends.ray import connect
 from shoal.backends.ray.job import RayJob, RaySettings
 from shoal.backends.ray.nodes import MEMORY_LABEL, NodeRegistry
+from shoal.backends.ray.services import RayServeJob
 from shoal.core.planned_jobs import PlannedAdmission, admit_model
 from shoal.core.types import ClusterState, JobLimits
 from shoal.perf.parallel import gpu_peak_tflops
@@ -91,6 +93,9 @@ class RayBackend(LocalBackend):
         nodes = self.registry.update(ray.nodes())
         self._state = ClusterState(
             tuple(NodeInfo(n.node_id, n.device_type, n.capacity) for n in nodes))
+        peaks = self.peak_tflops()
+        for job in self.jobs.values():
+            job.model.type_peaks = peaks  # predicts the types a job has not run on yet
         return self._state
 
     # ----- admission -----
@@ -106,6 +111,18 @@ class RayBackend(LocalBackend):
         gpus_only = all(node.gpu for node in self.registry.nodes)
         return admit_model(spec, self.cluster_spec(), mode="data-parallel", offload=gpus_only)
 
+    def peak_tflops(self) -> dict[str, float]:
+        """Per device type the smallest peak rate of its devices: the ``shoal.io/device-tflops``
+        label, else the data-sheet peak of a type named after a known GPU, else the default."""
+        labelled: dict[str, float] = {}
+        for node in self.registry.nodes:
+            if node.peak_tflops is not None:
+                labelled[node.device_type] = min(labelled.get(node.device_type, node.peak_tflops),
+                                                 node.peak_tflops)
+        return {node.device_type: labelled.get(node.device_type)
+                or gpu_peak_tflops(node.device_type) or DEFAULT_PEAK_TFLOPS
+                for node in self.registry.nodes}
+
     def cluster_spec(self) -> ClusterSpec:
         """The live nodes as a cluster, each type with the smallest memory any of its devices
         has: the node's ``shoal.io/device-memory-gb`` label, else ``--slot-memory-gb``; and the
@@ -116,7 +133,6 @@ class RayBackend(LocalBackend):
             raise SpecError("the Ray cluster offers no shoal devices yet; start nodes with "
                             "shoal device resources (docs/ray.md)", field="model")
         memory: dict[str, float] = {}
-        peak: dict[str, float] = {}
         for node in nodes:
             known = node.memory_gb or self.device_memory_gb
             if known is None:
@@ -126,21 +142,22 @@ class RayBackend(LocalBackend):
                     f'start the node with --labels="{MEMORY_LABEL}=16" (GiB per device) or '
                     "give the service --slot-memory-gb", field="model")
             memory[node.device_type] = min(memory.get(node.device_type, known), known)
-            if node.peak_tflops is not None:
-                peak[node.device_type] = min(peak.get(node.device_type, node.peak_tflops),
-                                             node.peak_tflops)
+        peak = RayBackend.peak_tflops(self)
         return ClusterSpec(
             name="ray", device_types=[
-                DeviceType(name=t, memory_gb=m, peak_tflops=peak.get(t) or gpu_peak_tflops(t)
-                           or DEFAULT_PEAK_TFLOPS)
-                for t, m in memory.items()],
+                DeviceType(name=t, memory_gb=m, peak_tflops=peak[t]) for t, m in memory.items()],
             nodes=[NodeGroup(device_type=n.device_type, devices_per_node=n.capacity, count=1)
                    for n in nodes])
 
+    def check_service(self, spec: JobSpec) -> None:
+        check_local_service(spec, self._state.device_types)
+
+    def _service(self, spec: JobSpec) -> RayServeJob:
+        return RayServeJob(spec, self.settings, registry=self.registry)
+
     def admit(self, spec: JobSpec, workdir: Path | None = None) -> JobLimits:
         if spec.kind != "train":
-            raise SpecError(f"the Ray backend runs training jobs; kind '{spec.kind}' runs on "
-                            "the local backend", field="kind")
+            return super().admit(spec, workdir)
         if not spec.command:
             raise SpecError(
                 "the Ray backend runs a program: add e.g. "
@@ -172,6 +189,7 @@ class RayBackend(LocalBackend):
         allowed = [t for t in self._state.device_types
                    if not spec.device_types or t in spec.device_types]
         model = JobModel.for_spec(allowed[0] if allowed else "unknown", spec, planned)
+        model.type_peaks = self.peak_tflops()
         return RayJob(spec, workdir, limits, self.settings, model, registry=self.registry)
 
     def adopt(self, spec: JobSpec, workdir: Path, limits: JobLimits) -> RayJob:  # type: ignore[override]
@@ -187,4 +205,6 @@ class RayBackend(LocalBackend):
         for job in self.jobs.values():
             if isinstance(job, RayJob):
                 job._release()
+        for service in self.services.values():
+            service.stop()
         connect.disconnect()

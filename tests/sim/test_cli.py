@@ -1,5 +1,6 @@
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from shoal.cli.main import cli
@@ -88,3 +89,23 @@ def test_sim_runs_model_declared_jobs_of_a_workload_csv_under_each_plan_mode(tmp
     assert default_plan["tp"] == default_plan["pp"] == 1
     result = runner.invoke(cli, ["sim", "--workload", str(workload), "--plan-mode", "best"])
     assert result.exit_code == 2 and "plan-mode" in result.output
+
+
+def test_sim_time_resolution_sets_where_epochs_end(tmp_path, pollux_data):
+    workload = tmp_path / "w.csv"
+    lines = (pollux_data / "workloads" / "workload-1.csv").read_text().splitlines()[:9]
+    workload.write_text("\n".join(lines) + "\n")
+    runner = CliRunner()
+    base = ["sim", "--workload", str(workload), "--policy", "tiresias",
+            "--profiles", str(pollux_data / "traces"), "--json", "-"]
+    finish = {}
+    for resolution in ("1", "0"):
+        result = runner.invoke(cli, [*base, "--time-resolution", resolution])
+        assert result.exit_code == 0, result.output
+        jobs = json.loads(result.stdout)["jobs"]
+        finish[resolution] = [j["finish_s"] for j in jobs]
+    assert all(float(t).is_integer() for t in finish["1"])  # whole seconds, as in Pollux
+    assert not all(float(t).is_integer() for t in finish["0"])
+    assert finish["0"] == [pytest.approx(t, abs=30) for t in finish["1"]]
+    result = runner.invoke(cli, [*base, "--time-resolution", "-1"])
+    assert result.exit_code == 2 and "time-resolution" in result.output

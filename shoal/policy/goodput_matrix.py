@@ -93,9 +93,15 @@ def goodput_rows(jobs: Sequence[JobView], table: ConfigTable, indices: Sequence[
     return rows
 
 
-def candidates(job: JobView, table: ConfigTable, cap: int) -> np.ndarray:
-    """Configurations a job may take: within its replica cap, its allowed types, its rigidity."""
+def candidates(job: JobView, table: ConfigTable, cap: int,
+               whole_node: bool = False) -> np.ndarray:
+    """Configurations a job may take: within its replica cap, its allowed types, its rigidity.
+    With ``whole_node``, single-node configurations up to the job's replica bounds even above
+    the cap."""
     ok = table.replicas <= cap
+    if whole_node:
+        limit = min(job.limits.max_replicas, job.spec.max_replicas or job.limits.max_replicas)
+        ok |= (table.nodes == 1) & (table.replicas <= limit)
     if job.spec.rigid:
         ok &= table.replicas == job.spec.num_replicas
     if job.spec.device_types:

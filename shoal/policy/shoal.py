@@ -29,6 +29,11 @@ replicas; whole nodes across nodes, powers of two within one), with binary x[j, 
   costs. With ``weighting="power"``, r_j = (1 + R_j / H)^(-alpha): ``alpha`` trades fairness
   (0) against average JCT.
 
+Candidate sizes. A job may grow to ``growth`` times the largest size it has measured (Pollux
+bounds its model's extrapolation this way, at 2x) across nodes, and to any size within one
+node at once (``whole_node``): inside a node, communication is fast and the model's
+extrapolation is safe, while across nodes (yolov3's slow inter-node all-reduce) it is not.
+
 Two scheduling choices go with the objective. The restart factor charges a move
 ``restart_delay`` (default 120 s, four times the simulated checkpoint-restore), which damps
 reallocations when jobs swap ranks. And the policy asks to decide when a job arrives, not only
@@ -75,6 +80,9 @@ class ShoalKnobs:
     sigma: float = 0.5
     restart_delay: float = 120.0
     growth: float = 4.0  # how far beyond its largest measured size a job may be grown
+    # Any single-node size (up to a whole node of a type) without measuring smaller ones first;
+    # ``growth`` then limits only sizes across nodes.
+    whole_node: bool = True
     heterogeneity: bool = True
     adapt_batch: bool = True
     restart_aware: bool = True
@@ -196,7 +204,8 @@ class ShoalPolicy:
         capacity = cluster.capacity()
         sign = 1.0 if k.p < 0 else -1.0
         fair = max(capacity // len(jobs), 1)
-        indices = [candidates(job, table, max_replicas(job, capacity, k.growth)) for job in jobs]
+        indices = [candidates(job, table, max_replicas(job, capacity, k.growth), k.whole_node)
+                   for job in jobs]
         goodputs = goodput_rows(jobs, table, indices, fixed_batch=not k.adapt_batch)
         ranked = self._rank_weights(jobs) if k.weighting == "rank" else {}
         for j, job in enumerate(jobs):

@@ -310,3 +310,18 @@ def test_inexact_node_sizes_are_named_once(caplog):
         ShoalPolicy().decide(jobs, uneven, 60.0)
     assert len(caplog.records) == 1
     assert "t4, v100" in caplog.text and "power of two" in caplog.text
+
+
+def test_a_job_takes_a_whole_node_at_once_and_grows_across_nodes_as_it_measures():
+    # Alone on three 4-device nodes, having measured one replica: a whole node at once;
+    # across nodes only up to growth x what it measured.
+    alone = ShoalPolicy().decide([_view("a", profiled=1)], THREE_NODES, 0.0)
+    assert alone["a"].replicas == 4 and len(set(alone["a"].nodes)) == 1
+    capped = ShoalPolicy(whole_node=False).decide([_view("a", profiled=1)], THREE_NODES, 0.0)
+    assert capped["a"].replicas == 4  # growth 4 x 1 replica
+    two = ShoalPolicy(growth=2.0).decide([_view("a", profiled=1)], THREE_NODES, 0.0)
+    assert two["a"].replicas == 4  # a whole node, though growth alone would allow 2
+    assert ShoalPolicy(growth=2.0, whole_node=False).decide(
+        [_view("a", profiled=1)], THREE_NODES, 0.0)["a"].replicas == 2
+    measured = ShoalPolicy(growth=2.0).decide([_view("a", profiled=4)], THREE_NODES, 0.0)
+    assert measured["a"].replicas == 8  # two whole nodes: 2 x the 4 it measured

@@ -8,8 +8,8 @@ from shoal.policy.shoal import ShoalPolicy
 from shoal.spec import JobSpec, parse_cluster
 
 CLUSTER = parse_cluster({
-    "name": "one-node", "device_types": [{"name": "t4", "memory_gb": 16}],
-    "nodes": [{"device_type": "t4", "devices_per_node": 4, "count": 1}],
+    "name": "two-nodes", "device_types": [{"name": "t4", "memory_gb": 16}],
+    "nodes": [{"device_type": "t4", "devices_per_node": 4, "count": 2}],
 })
 JOBS = [
     JobSpec(name="first", application="cifar10", batch_size=128, target_epochs=1),

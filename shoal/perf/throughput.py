@@ -16,6 +16,7 @@ log error of compute and step time with small regularizers toward optimistic sca
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,6 +62,23 @@ def borrow_scaling(own: PerfParams, explored: PerfParams, local_bsz: float) -> P
                                                       + explored.beta_c * local_bsz)
     return PerfParams(explored.alpha_c * ratio, explored.beta_c * ratio, explored.alpha_n,
                       explored.beta_n, explored.alpha_r, explored.beta_r, explored.gamma)
+
+
+def projected_params(device_type: str, profiled: Mapping[str, int],
+                     fit: Callable[[str], PerfParams | None],
+                     local_bsz: Callable[[str], float]) -> PerfParams | None:
+    """A job's throughput parameters on ``device_type``: its own fit (``fit(type)``), except
+    where it has run one replica of the type only (``profiled``: the most replicas it ran per
+    type) and more of another; then :func:`borrow_scaling` from the type it ran most on, at
+    ``local_bsz(device_type)``. None where it has not run on the type."""
+    own = fit(device_type)
+    if own is None or profiled.get(device_type, 0) > 1:
+        return own
+    explored = max(profiled, key=lambda d: profiled[d])
+    if explored == device_type or profiled[explored] <= 1:
+        return own
+    other = fit(explored)
+    return own if other is None else borrow_scaling(own, other, local_bsz(device_type))
 
 
 def predict_grad_time(params: PerfParams, atomic_bsz: ArrayLike) -> np.ndarray:

@@ -12,14 +12,17 @@ from shoal.perf.goodput import GoodputModel, optimize_many
 from shoal.policy.configs import ConfigTable
 
 
+def replica_bound(job: JobView, capacity: int) -> int:
+    """The most replicas a job may have: the cluster's devices, its limits and its spec."""
+    bound = min(capacity, job.limits.max_replicas)
+    return bound if job.spec.max_replicas is None else min(bound, job.spec.max_replicas)
+
+
 def max_replicas(job: JobView, capacity: int, growth: float = 2.0) -> int:
     """A job grows at most ``growth`` times the largest size it has run at (its model is
     trusted that far beyond what it measured)."""
     profiled = max(job.hints.max_profiled_replicas.values(), default=0)
-    cap = min(max(int(growth * profiled), 1), capacity, job.limits.max_replicas)
-    if job.spec.max_replicas is not None:
-        cap = min(cap, job.spec.max_replicas)
-    return cap
+    return min(max(int(growth * profiled), 1), replica_bound(job, capacity))
 
 
 def goodput_row(job: JobView, table: ConfigTable, index: np.ndarray) -> np.ndarray:
@@ -94,14 +97,12 @@ def goodput_rows(jobs: Sequence[JobView], table: ConfigTable, indices: Sequence[
 
 
 def candidates(job: JobView, table: ConfigTable, cap: int,
-               whole_node: bool = False) -> np.ndarray:
-    """Configurations a job may take: within its replica cap, its allowed types, its rigidity.
-    With ``whole_node``, single-node configurations up to the job's replica bounds even above
-    the cap."""
+               single_node_cap: int | None = None) -> np.ndarray:
+    """Configurations a job may take: within its replica cap (``single_node_cap`` instead for
+    configurations on one node, when given), its allowed types, its rigidity."""
     ok = table.replicas <= cap
-    if whole_node:
-        limit = min(job.limits.max_replicas, job.spec.max_replicas or job.limits.max_replicas)
-        ok |= (table.nodes == 1) & (table.replicas <= limit)
+    if single_node_cap is not None:
+        ok |= (table.nodes == 1) & (table.replicas <= single_node_cap)
     if job.spec.rigid:
         ok &= table.replicas == job.spec.num_replicas
     if job.spec.device_types:

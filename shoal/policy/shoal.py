@@ -62,6 +62,7 @@ from shoal.policy.goodput_matrix import (
     candidates,
     goodput_rows,
     max_replicas,
+    replica_bound,
     restart_factors,
 )
 from shoal.spec.errors import SpecError
@@ -204,7 +205,8 @@ class ShoalPolicy:
         capacity = cluster.capacity()
         sign = 1.0 if k.p < 0 else -1.0
         fair = max(capacity // len(jobs), 1)
-        indices = [candidates(job, table, max_replicas(job, capacity, k.growth), k.whole_node)
+        indices = [candidates(job, table, max_replicas(job, capacity, k.growth),
+                              replica_bound(job, capacity) if k.whole_node else None)
                    for job in jobs]
         goodputs = goodput_rows(jobs, table, indices, fixed_batch=not k.adapt_batch)
         ranked = self._rank_weights(jobs) if k.weighting == "rank" else {}

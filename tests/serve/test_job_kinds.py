@@ -350,14 +350,14 @@ def test_local_backend_runs_a_serve_job_that_answers_http_and_follows_its_demand
     (["cpu"], "", None),
 ])
 def test_a_backend_runs_a_serve_job_with_a_profile_for_an_offered_type(offered, extra, field):
-    from shoal.backends.local.services import check_local_service
+    from shoal.backends.local.services import check_service_spec
 
     spec = load_job_yaml("name: web\nkind: serve\n" + extra +
                          "serve: {model: tiny, slo_s: 1.0, latency: {cpu: [0.05], "
                          "gpu: [0.01]}}\n")
     if field is None:
-        check_local_service(spec, offered)
+        check_service_spec(spec, offered)
         return
     with pytest.raises(SpecError) as error:
-        check_local_service(spec, offered)
+        check_service_spec(spec, offered)
     assert error.value.field == field

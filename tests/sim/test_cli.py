@@ -6,10 +6,16 @@ from click.testing import CliRunner
 from shoal.cli.main import cli
 
 
-def test_sim_command_writes_report_and_plot(tmp_path, pollux_data):
+def _eight_jobs(tmp_path, pollux_data):
+    """The first eight jobs of Pollux workload 1, as a workload file."""
     workload = tmp_path / "w.csv"
     lines = (pollux_data / "workloads" / "workload-1.csv").read_text().splitlines()[:9]
     workload.write_text("\n".join(lines) + "\n")
+    return workload
+
+
+def test_sim_command_writes_report_and_plot(tmp_path, pollux_data):
+    workload = _eight_jobs(tmp_path, pollux_data)
     out = tmp_path / "r.json"
     plot = tmp_path / "p.png"
     result = CliRunner().invoke(cli, [
@@ -37,9 +43,7 @@ def test_sim_command_names_bad_arguments(tmp_path, pollux_data):
 
 
 def test_sim_knobs_tune_shoal_and_bad_knobs_are_named(tmp_path, pollux_data):
-    workload = tmp_path / "w.csv"
-    lines = (pollux_data / "workloads" / "workload-1.csv").read_text().splitlines()[:9]
-    workload.write_text("\n".join(lines) + "\n")
+    workload = _eight_jobs(tmp_path, pollux_data)
     runner = CliRunner()
     base = ["sim", "--workload", str(workload), "--policy", "shoal",
             "--profiles", str(pollux_data / "traces"), "--json", "-"]
@@ -92,9 +96,7 @@ def test_sim_runs_model_declared_jobs_of_a_workload_csv_under_each_plan_mode(tmp
 
 
 def test_sim_time_resolution_sets_where_epochs_end(tmp_path, pollux_data):
-    workload = tmp_path / "w.csv"
-    lines = (pollux_data / "workloads" / "workload-1.csv").read_text().splitlines()[:9]
-    workload.write_text("\n".join(lines) + "\n")
+    workload = _eight_jobs(tmp_path, pollux_data)
     runner = CliRunner()
     base = ["sim", "--workload", str(workload), "--policy", "tiresias",
             "--profiles", str(pollux_data / "traces"), "--json", "-"]

@@ -15,7 +15,7 @@ from typing import Any
 from shoal.backends.local.devices import DevicePool
 from shoal.backends.local.job import LocalJob, Phase, RunSettings
 from shoal.backends.local.model import JobModel
-from shoal.backends.local.services import LocalServeJob, check_local_service
+from shoal.backends.local.services import LocalServeJob, check_service_spec
 from shoal.core.planned_jobs import PlannedAdmission, admit_model
 from shoal.core.types import Change, ClusterState, JobLimits, JobStatus
 from shoal.spec.cluster import ClusterSpec, NodeGroup, NodeInfo
@@ -44,7 +44,7 @@ class LocalBackend:
 
     def check_service(self, spec: JobSpec) -> None:
         """SpecError unless this backend can run the serve (or stream) job ``spec``."""
-        check_local_service(spec, [self.pool.device_type])
+        check_service_spec(spec, [self.pool.device_type])
 
     def _service(self, spec: JobSpec) -> LocalServeJob:
         return LocalServeJob(spec, self.settings)
@@ -55,7 +55,8 @@ class LocalBackend:
             assert spec.serve is not None
             self.services[spec.name] = self._service(spec)
             capacity = sum(n.capacity for n in self.cluster().nodes
-                           if n.device_type in spec.serve.device_types)
+                           if n.device_type in spec.serve.device_types
+                           and (not spec.device_types or n.device_type in spec.device_types))
             return JobLimits(init_batch_size=1, max_batch_size=1, min_local_bsz=1,
                              max_local_bsz=1,
                              max_replicas=min(capacity, spec.serve.max_replicas))

@@ -23,7 +23,7 @@ from shoal.core.types import JobLimits, ModelHints
 from shoal.perf import GoodputModel, GradStats, PerfParams, fit_perf_params
 from shoal.perf.parallel import Plan
 from shoal.perf.planned import PlannedGoodput
-from shoal.perf.throughput import borrow_scaling
+from shoal.perf.throughput import projected_params
 from shoal.spec.job import JobSpec
 
 _REFIT_SECONDS = 15.0
@@ -137,13 +137,14 @@ class JobModel:
                 out.setdefault(str(row.get("device_type") or self.device_type), []).append(row)
         return out
 
-    def perf_params(self, device_type: str | None = None,
-                    now: float | None = None) -> PerfParams | None:
+    def perf_params(self, device_type: str | None = None) -> PerfParams | None:
         """The throughput model fitted to the steps measured on ``device_type`` (default: the
         type the job runs on); None where it has not run."""
-        now = time.time() if now is None else now
-        dtype = device_type or self.device_type
-        usable = self.rows_by_type().get(dtype)
+        return self._fit(device_type or self.device_type, self.rows_by_type(), time.time())
+
+    def _fit(self, dtype: str, by_type: Mapping[str, list[dict[str, Any]]],
+             now: float) -> PerfParams | None:
+        usable = by_type.get(dtype)
         if not usable:
             return None
         keys = frozenset(
@@ -172,39 +173,31 @@ class JobModel:
         fit = self._fits.get(self.device_type)
         return None if fit is None else fit.perf
 
-    def max_profiled(self) -> dict[str, int]:
+    @staticmethod
+    def _profiled(by_type: Mapping[str, list[dict[str, Any]]]) -> dict[str, int]:
         """Per device type, the most replicas the job has measured steps on."""
         return {dtype: max(int(r["num_replicas"]) for r in rows)
-                for dtype, rows in self.rows_by_type().items()}
+                for dtype, rows in by_type.items()}
 
-    def _scaled_perf(self, device_type: str, profiled: Mapping[str, int]) -> PerfParams | None:
-        """The type's own fit; where the job ran only one replica of it, that fit's compute
-        with the scaling of the type it ran most replicas on (as the simulator and Sia do);
-        where it never ran, the peak-rate prior (``type_peaks``)."""
-        perf = self.perf_params(device_type)
-        if perf is None:
-            return self._peak_prior(device_type, profiled)
-        if profiled.get(device_type, 0) > 1:
-            return perf
-        explored = max(profiled, key=lambda d: profiled[d])
-        if explored == device_type or profiled[explored] <= 1:
-            return perf
-        other = self.perf_params(explored)
-        if other is None:
-            return perf
-        bsz = min(int(r["local_bsz"]) for r in self.rows_by_type()[device_type])
-        return borrow_scaling(perf, other, bsz)
-
-    def _peak_prior(self, device_type: str, profiled: Mapping[str, int]) -> PerfParams | None:
-        own = self.type_peaks.get(device_type)
+    def _params(self, dtype: str, by_type: Mapping[str, list[dict[str, Any]]]
+                ) -> PerfParams | None:
+        """Parameters on ``dtype``: its fit, projected from the most-explored type where it
+        ran one replica only (as the simulator and Sia do); where it never ran, the peak-rate
+        prior (``type_peaks``)."""
+        now = time.time()
+        profiled = self._profiled(by_type)
+        perf = projected_params(
+            dtype, profiled, lambda t: self._fit(t, by_type, now),
+            lambda t: min(int(r["local_bsz"]) for r in by_type[t]))
+        own_peak = self.type_peaks.get(dtype)
         measured = [t for t in profiled if self.type_peaks.get(t)]
-        if not own or not measured:
-            return None
+        if perf is not None or not own_peak or not measured:
+            return perf
         base = max(measured, key=lambda t: profiled[t])
-        perf = self._scaled_perf(base, profiled)
+        perf = self._params(base, by_type)
         if perf is None:
             return None
-        ratio = self.type_peaks[base] / own
+        ratio = self.type_peaks[base] / own_peak
         return replace(perf, alpha_c=perf.alpha_c * ratio, beta_c=perf.beta_c * ratio)
 
     def goodput(self, limits: JobLimits,
@@ -212,7 +205,11 @@ class JobModel:
         """The goodput model on ``device_type`` (default: the type the job runs on)."""
         if self.planned_types:
             return self.planned_types.get(device_type or self.device_type) or self.planned
-        perf = self._scaled_perf(device_type or self.device_type, self.max_profiled())
+        return self._goodput(limits, device_type or self.device_type, self.rows_by_type())
+
+    def _goodput(self, limits: JobLimits, dtype: str,
+                 by_type: Mapping[str, list[dict[str, Any]]]) -> GoodputModel | None:
+        perf = self._params(dtype, by_type)
         if perf is None or self.grad is None:
             return None
         return GoodputModel(
@@ -226,8 +223,10 @@ class JobModel:
                               max_profiled_replicas={t: limits.max_replicas
                                                      for t in self.planned_types},
                               epoch=self.epoch, progress=self.fraction)
-        profiled = self.max_profiled()
-        models = {dtype: self.goodput(limits, dtype) for dtype in {**profiled, **self.type_peaks}}
+        by_type = self.rows_by_type()
+        profiled = self._profiled(by_type)
+        models = {dtype: self._goodput(limits, dtype, by_type)
+                  for dtype in {**profiled, **self.type_peaks}}
         return ModelHints(
             goodput={dtype: m for dtype, m in models.items() if m is not None},
             max_profiled_replicas=profiled,

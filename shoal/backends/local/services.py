@@ -40,7 +40,7 @@ RATE_WINDOW_S = 10.0
 MAX_CRASHES = 3
 
 
-def check_local_service(spec: JobSpec, device_types: Sequence[str]) -> None:
+def check_service_spec(spec: JobSpec, device_types: Sequence[str]) -> None:
     """SpecError unless a backend offering ``device_types`` can run ``spec`` (a serve job of
     the tiny model, with a latency profile for an offered type the job allows)."""
     if spec.kind == "stream":

@@ -10,7 +10,7 @@ left (they are placed again on what is left and resume from their checkpoints).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -20,10 +20,10 @@ import ray
 from shoal.backends.local.backend import LocalBackend
 from shoal.backends.local.devices import DEFAULT_PEAK_TFLOPS, DevicePool
 from shoal.backends.local.model import JobModel
-from shoal.backends.local.services import check_local_service
+from shoal.backends.local.services import check_service_spec
 from shoal.backends.ray import connect
 from shoal.backends.ray.job import RayJob, RaySettings
-from shoal.backends.ray.nodes import MEMORY_LABEL, NodeRegistry
+from shoal.backends.ray.nodes import MEMORY_LABEL, NodeRegistry, RayNode
 from shoal.backends.ray.services import RayServeJob
 from shoal.core.planned_jobs import PlannedAdmission, admit_model
 from shoal.core.types import ClusterState, JobLimits
@@ -34,6 +34,19 @@ from shoal.spec.errors import SpecError
 from shoal.spec.job import JobSpec
 
 log = logging.getLogger(__name__)
+
+
+def peak_tflops(nodes: Iterable[RayNode]) -> dict[str, float]:
+    """Per device type the smallest peak rate of its devices: the ``shoal.io/device-tflops``
+    label, else the data-sheet peak of a type named after a known GPU, else the default."""
+    nodes = list(nodes)
+    labelled: dict[str, float] = {}
+    for node in nodes:
+        if node.peak_tflops is not None:
+            labelled[node.device_type] = min(labelled.get(node.device_type, node.peak_tflops),
+                                             node.peak_tflops)
+    return {node.device_type: labelled.get(node.device_type)
+            or gpu_peak_tflops(node.device_type) or DEFAULT_PEAK_TFLOPS for node in nodes}
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +106,7 @@ class RayBackend(LocalBackend):
         nodes = self.registry.update(ray.nodes())
         self._state = ClusterState(
             tuple(NodeInfo(n.node_id, n.device_type, n.capacity) for n in nodes))
-        peaks = self.peak_tflops()
+        peaks = peak_tflops(nodes)
         for job in self.jobs.values():
             job.model.type_peaks = peaks  # predicts the types a job has not run on yet
         return self._state
@@ -110,18 +123,6 @@ class RayBackend(LocalBackend):
         nothing fits or a device type's memory is unknown."""
         gpus_only = all(node.gpu for node in self.registry.nodes)
         return admit_model(spec, self.cluster_spec(), mode="data-parallel", offload=gpus_only)
-
-    def peak_tflops(self) -> dict[str, float]:
-        """Per device type the smallest peak rate of its devices: the ``shoal.io/device-tflops``
-        label, else the data-sheet peak of a type named after a known GPU, else the default."""
-        labelled: dict[str, float] = {}
-        for node in self.registry.nodes:
-            if node.peak_tflops is not None:
-                labelled[node.device_type] = min(labelled.get(node.device_type, node.peak_tflops),
-                                                 node.peak_tflops)
-        return {node.device_type: labelled.get(node.device_type)
-                or gpu_peak_tflops(node.device_type) or DEFAULT_PEAK_TFLOPS
-                for node in self.registry.nodes}
 
     def cluster_spec(self) -> ClusterSpec:
         """The live nodes as a cluster, each type with the smallest memory any of its devices
@@ -142,7 +143,7 @@ class RayBackend(LocalBackend):
                     f'start the node with --labels="{MEMORY_LABEL}=16" (GiB per device) or '
                     "give the service --slot-memory-gb", field="model")
             memory[node.device_type] = min(memory.get(node.device_type, known), known)
-        peak = RayBackend.peak_tflops(self)
+        peak = peak_tflops(nodes)
         return ClusterSpec(
             name="ray", device_types=[
                 DeviceType(name=t, memory_gb=m, peak_tflops=peak[t]) for t, m in memory.items()],
@@ -150,7 +151,7 @@ class RayBackend(LocalBackend):
                    for n in nodes])
 
     def check_service(self, spec: JobSpec) -> None:
-        check_local_service(spec, self._state.device_types)
+        check_service_spec(spec, self._state.device_types)
 
     def _service(self, spec: JobSpec) -> RayServeJob:
         return RayServeJob(spec, self.settings, registry=self.registry)
@@ -189,7 +190,7 @@ class RayBackend(LocalBackend):
         allowed = [t for t in self._state.device_types
                    if not spec.device_types or t in spec.device_types]
         model = JobModel.for_spec(allowed[0] if allowed else "unknown", spec, planned)
-        model.type_peaks = self.peak_tflops()
+        model.type_peaks = peak_tflops(self.registry.nodes)
         return RayJob(spec, workdir, limits, self.settings, model, registry=self.registry)
 
     def adopt(self, spec: JobSpec, workdir: Path, limits: JobLimits) -> RayJob:  # type: ignore[override]

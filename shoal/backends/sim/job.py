@@ -16,7 +16,7 @@ from shoal.backends.sim.profile import ApplicationProfile
 from shoal.core.types import Allocation, JobLimits, ModelHints
 from shoal.perf.efficiency import GradStats
 from shoal.perf.goodput import GoodputModel
-from shoal.perf.throughput import PerfParams, borrow_scaling, fit_perf_params
+from shoal.perf.throughput import PerfParams, fit_perf_params, projected_params
 
 _EPS = 1e-8
 
@@ -105,22 +105,10 @@ class SimJob(RestartPause):
             self._record(dtype, 1, 1, bsz, step, sync, sqr, var)
             self.profiling_seconds += seconds_per_type
 
-    def _projected(self, device_type: str, perf: PerfParams) -> PerfParams:
-        """Scaling of a type seen only on one replica, borrowed from the best-explored type."""
-        if self.max_profiled.get(device_type, 0) > 1:
-            return perf
-        explored = max(self.max_profiled, key=lambda d: self.max_profiled[d])
-        if self.max_profiled[explored] <= 1 or explored == device_type:
-            return perf
-        other = self._perf_params(explored)
-        if other is None:
-            return perf
-        return borrow_scaling(perf, other, next(iter(self.measured[device_type]))[2])
-
     def goodput_model(self, device_type: str) -> GoodputModel | None:
-        perf = self._perf_params(device_type)
-        if perf is not None and len(self.measured) > 1:
-            perf = self._projected(device_type, perf)
+        # Scaling of a type seen only on one replica, borrowed from the best-explored type.
+        perf = projected_params(device_type, self.max_profiled, self._perf_params,
+                                lambda t: next(iter(self.measured[t]))[2])
         if perf is None or self.grad is None:
             return None
         lim = self.limits

@@ -26,8 +26,9 @@ from shoal.spec.job import JobSpec
 log = logging.getLogger(__name__)
 
 
-# "interval": the periodic round; "arrival": one run early because a job arrived.
-RoundTrigger = Literal["interval", "arrival"]
+# "interval": the periodic round; "arrival" / "completion": one run early because a job
+# arrived / finished.
+RoundTrigger = Literal["interval", "arrival", "completion"]
 
 
 @dataclass

@@ -144,6 +144,9 @@ class Policy(Protocol):
     # True when the policy wants a decision as soon as a job arrives, not only every round
     # (cheap policies; periodic ones keep the round interval of their papers).
     decides_on_arrival: bool
+    # True when it also wants a decision as soon as a job finishes, so its devices do not
+    # stay idle until the next round.
+    decides_on_completion: bool
 
     def decide(self, jobs: Sequence[JobView], cluster: ClusterState, now: float) -> Decision: ...
 

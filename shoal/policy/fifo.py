@@ -11,6 +11,7 @@ class FifoPolicy:
     name = "fifo"
     adapts_batch_size = False
     decides_on_arrival = False
+    decides_on_completion = False
 
     def __init__(self, backfill: bool = False):
         self.backfill = backfill

@@ -109,6 +109,7 @@ class GavelPolicy:
     name = "gavel"
     adapts_batch_size = False
     decides_on_arrival = False
+    decides_on_completion = False
 
     def __init__(self, round_duration: float = 360.0):
         self.round_duration = round_duration

@@ -99,12 +99,15 @@ def goodput_rows(jobs: Sequence[JobView], table: ConfigTable, indices: Sequence[
 def candidates(job: JobView, table: ConfigTable, cap: int,
                single_node_cap: int | None = None) -> np.ndarray:
     """Configurations a job may take: within its replica cap (``single_node_cap`` instead for
-    configurations on one node, when given), its allowed types, its rigidity."""
-    ok = table.replicas <= cap
-    if single_node_cap is not None:
-        ok |= (table.nodes == 1) & (table.replicas <= single_node_cap)
+    configurations on one node, when given), its allowed types, its rigidity. A rigid job
+    runs at its own size whatever it has measured: the cap bounds exploration, which a rigid
+    job does not do."""
     if job.spec.rigid:
-        ok &= table.replicas == job.spec.num_replicas
+        ok = table.replicas == job.spec.num_replicas
+    else:
+        ok = table.replicas <= cap
+        if single_node_cap is not None:
+            ok |= (table.nodes == 1) & (table.replicas <= single_node_cap)
     if job.spec.device_types:
         ok &= table.type_mask(job.spec.device_types)
     return np.nonzero(ok)[0]

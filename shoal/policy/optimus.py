@@ -41,6 +41,7 @@ class OptimusPolicy:
     name = "optimus"
     adapts_batch_size = False
     decides_on_arrival = False
+    decides_on_completion = False
 
     def decide(self, jobs: Sequence[JobView], cluster: ClusterState, now: float) -> Decision:
         free = cluster.capacity()

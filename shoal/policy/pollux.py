@@ -63,6 +63,7 @@ class PolluxPolicy:
     name = "pollux"
     adapts_batch_size = True
     decides_on_arrival = False
+    decides_on_completion = False
 
     def __init__(self, restart_delay: float = 30.0, max_nodes_per_job: int = 16):
         self.restart_delay = restart_delay

@@ -74,6 +74,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "shoal-no-restart-aware": _shoal_ablation(restart_aware=False),
     "shoal-no-remaining-work": _shoal_ablation(remaining_work=False),
     "shoal-no-on-arrival": _shoal_ablation(on_arrival=False),
+    "shoal-no-on-completion": _shoal_ablation(on_completion=False),
     "shoal-no-whole-node": _shoal_ablation(whole_node=False),
 }
 

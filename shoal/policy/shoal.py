@@ -90,6 +90,8 @@ class ShoalKnobs:
     remaining_work: bool = True
     # Decide as soon as a job arrives (a decision takes milliseconds), not only every round.
     on_arrival: bool = True
+    # Decide as soon as a job finishes, so its devices go to other jobs at once.
+    on_completion: bool = True
     # Speedups relative to a job's smallest configuration (Sia) or to its best configuration
     # within an equal share of the cluster (Pollux); see the module docstring.
     baseline: Literal["smallest", "fair"] = "smallest"
@@ -148,6 +150,7 @@ class ShoalPolicy:
         self.knobs = knobs
         self.adapts_batch_size = knobs.adapt_batch
         self.decides_on_arrival = knobs.on_arrival
+        self.decides_on_completion = knobs.on_completion
         self._waiting_since: dict[str, float] = {}
         self.last_status = ""
 

@@ -29,6 +29,7 @@ class SiaPolicy:
     name = "sia"
     adapts_batch_size = True
     decides_on_arrival = False
+    decides_on_completion = False
 
     def __init__(self, p: float = -0.5, no_alloc_penalty: float = 1.1,
                  restart_delay: float = 30.0):

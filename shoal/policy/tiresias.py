@@ -17,6 +17,7 @@ class TiresiasPolicy:
     name = "tiresias"
     adapts_batch_size = False
     decides_on_arrival = False
+    decides_on_completion = False
 
     def __init__(self, queue_threshold: float = 3600 * 16):
         self.queue_threshold = queue_threshold

@@ -264,8 +264,10 @@ class Runner:
     def _between_rounds(self, next_round: float, every_s: float = 0.1) -> RoundTrigger:
         """Until the next round, let the backend move resizes along (process exits, warm
         replicas) every ``every_s`` seconds, so a resize does not wait for a round. Returns
-        early, with "arrival", when a job arrived for a policy that decides on arrival."""
+        early, with "arrival" / "completion", when a job arrived / ended for a policy that
+        decides on arrival / completion."""
         poll = getattr(self.backend, "poll", None)
+        on_completion = getattr(self.scheduler.policy, "decides_on_completion", False)
         while not self._stop.is_set():
             if self._arrived.is_set():
                 self._arrived.clear()
@@ -277,9 +279,12 @@ class Runner:
             if poll is not None:
                 try:
                     with self.lock:
-                        poll()
+                        ended = poll()
                 except Exception:
                     log.exception("polling the backend failed")
+                    continue
+                if ended and on_completion:
+                    return "completion"
         return "interval"
 
     def shutdown(self, timeout_s: float = 60.0) -> None:

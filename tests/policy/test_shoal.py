@@ -1,5 +1,6 @@
 """The shoal and sia policies: exact MILP, packable configurations, weights, no starvation."""
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -11,6 +12,7 @@ from shoal.backends.sim.run import simulate
 from shoal.core.types import ClusterState, JobLimits, JobState, JobView, ModelHints
 from shoal.perf import GoodputModel, GradStats, PerfParams
 from shoal.perf.goodput import optimize_many
+from shoal.policy import make_policy
 from shoal.policy.configs import (
     Row,
     cluster_configs,
@@ -325,3 +327,12 @@ def test_a_job_takes_a_whole_node_at_once_and_grows_across_nodes_as_it_measures(
         [_view("a", profiled=1)], THREE_NODES, 0.0)["a"].replicas == 2
     measured = ShoalPolicy(growth=2.0).decide([_view("a", profiled=4)], THREE_NODES, 0.0)
     assert measured["a"].replicas == 8  # two whole nodes: 2 x the 4 it measured
+
+
+def test_a_rigid_job_runs_at_its_size_across_nodes_before_measuring_anything():
+    view = _view("rigid", profiled=0)
+    view = dataclasses.replace(view, spec=view.spec.model_copy(
+        update={"num_replicas": 8, "rigid": True}))
+    for policy in (ShoalPolicy(), make_policy("sia")):
+        grant = policy.decide([view], THREE_NODES, 0.0)["rigid"]
+        assert grant.replicas == 8 and len(set(grant.nodes)) == 2

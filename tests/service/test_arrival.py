@@ -16,3 +16,23 @@ def test_a_submitted_job_is_placed_without_waiting_for_the_next_round(tmp_path: 
         wait_until(lambda: service.job("early")["state"] in ("restarting", "running"), 30,
                    "the job placed at its arrival", service.diagnostics)
         service.http.post(f"{service.url}/api/jobs/early/cancel").raise_for_status()
+
+
+def test_a_finished_jobs_devices_go_to_a_waiting_job_without_waiting_for_the_next_round(
+        tmp_path: Path) -> None:
+    # The first job holds both slots and may not be preempted, so the second waits for it.
+    ahead = (job_yaml("ahead", epochs=12, sleep=0.1)
+             + "num_replicas: 2\nrigid: true\npreemptible: false\n")
+    with running_service(tmp_path / "home", policy="shoal", interval=600.0) as service:
+        time.sleep(1.0)
+        assert service.submit(ahead).status_code == 201
+        wait_until(lambda: service.job("ahead")["state"] in ("restarting", "running"), 30,
+                   "the first job placed", service.diagnostics)
+        assert service.submit(job_yaml("behind", epochs=50)).status_code == 201
+        time.sleep(1.0)
+        assert service.job("behind")["state"] == "pending"
+        wait_until(lambda: service.job("ahead")["state"] == "finished", 120,
+                   "the first job finished", service.diagnostics)
+        wait_until(lambda: service.job("behind")["state"] in ("restarting", "running"), 30,
+                   "the waiting job placed when the first one finished", service.diagnostics)
+        service.http.post(f"{service.url}/api/jobs/behind/cancel").raise_for_status()

@@ -176,13 +176,18 @@ class LocalBackend:
             holder.slot_ids, free = tuple(free[:count]), free[count:]
 
     # ----- beyond the protocol -----
-    def poll(self) -> None:
+    def poll(self) -> list[str]:
         """Between rounds: move along the jobs that are stopping or pre-warming a resize, so a
-        resize waits for processes, not for the next round, and notice exits."""
+        resize waits for processes, not for the next round, and notice exits. Returns the
+        jobs that ended (finished or failed) in this call."""
         now = self.now()
+        ended = []
         for job in self.jobs.values():
             if job.watch_between_rounds:
                 job.tick(now)
+                if job.terminal:
+                    ended.append(job.name)
+        return ended
 
     def learned_limits(self) -> dict[str, JobLimits]:
         return {name: job.limits for name, job in self.jobs.items() if not job.terminal}

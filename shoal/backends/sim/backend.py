@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping
 
@@ -61,6 +62,13 @@ class SimOracle:
         atomic = min(atomic, int(lim.max_batch_size / (num_replicas * (accum + 1))))
         step, sync = job.app.step_and_sync(placement, atomic, dtype)
         return step + (step - sync) * accum
+
+
+def _snapshot(job: SimJob | PlannedSimJob) -> dict:
+    """A job's mutable state, to wind it back; what it only reads (profiles) is shared."""
+    shared = {id(value): value for key, value in vars(job).items()
+              if key in ("app", "limits", "model", "models", "type_capacity")}
+    return copy.deepcopy(vars(job), shared)
 
 
 class SimBackend:
@@ -198,3 +206,30 @@ class SimBackend:
             job.advance(self._now, seconds)
         self.services.advance(self._now, seconds)
         self._now += seconds
+
+    def advance_to_completion(self, seconds: float) -> float:
+        """Advance up to ``seconds``, stopping when the first training job finishes (so a
+        policy can hand its devices out at once); returns the seconds advanced.
+
+        Jobs advance independently, so this runs every job to the window's end, then winds
+        back the jobs that were not the first to finish and runs them to that moment.
+        """
+        start = self._now
+        running = [job for job in self.jobs.values()
+                   if job.allocation is not None and job.finished_at is None]
+        saved = {job.name: _snapshot(job) for job in running}
+        for job in running:
+            job.advance(start, seconds)
+        ends = [job.finished_at for job in running if job.finished_at is not None]
+        first = min(ends, default=start + seconds)
+        if first >= start + seconds or first <= start:
+            self.services.advance(start, seconds)
+            self._now = start + seconds
+            return seconds
+        for job in running:
+            if job.finished_at is None or job.finished_at > first:
+                job.__dict__.update(saved[job.name])
+                job.advance(start, first - start)
+        self.services.advance(start, first - start)
+        self._now = first
+        return first - start

@@ -86,7 +86,10 @@ def _simulate(jobs, policy, cluster, profiles, interval, restart_delay, seed, ma
     timed_out = False
     arrivals = sorted({s.submit_time for s in jobs}) if policy.decides_on_arrival else []
     next_arrival = 0
+    on_completion = getattr(policy, "decides_on_completion", False)
     next_round = backend.now() + interval
+    if arrivals and arrivals[0] <= backend.now():  # jobs present from the start
+        scheduler.round(trigger="arrival")
     while scheduler.unfinished():
         now = backend.now()
         if now >= max_time:
@@ -97,8 +100,13 @@ def _simulate(jobs, policy, cluster, profiles, interval, restart_delay, seed, ma
         until = next_round
         if next_arrival < len(arrivals) and arrivals[next_arrival] < next_round:
             until = arrivals[next_arrival]
-        backend.advance(until - now)
-        if until >= next_round:
+        if on_completion:
+            backend.advance_to_completion(until - now)
+        else:
+            backend.advance(until - now)
+        if backend.now() < until:
+            scheduler.round(trigger="completion")
+        elif until >= next_round:
             next_round += interval
             scheduler.round()
         else:

@@ -80,6 +80,7 @@ class Runner:
             backoff_s=config.backoff_s,
             checkpoint_interval_s=config.checkpoint_interval_s,
             scheduler_url=config.url,
+            router_host=config.host,
         )
         if config.backend == "ray":
             from shoal.backends.ray.backend import RayBackend

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 from click.testing import CliRunner
 
+from shoal.backends.local.devices import DevicePool
+from shoal.backends.local.job import RunSettings
+from shoal.backends.local.services import announced_host
 from shoal.backends.sim.run import simulate
 from shoal.cli.main import cli
 from shoal.metrics.report import summarize
@@ -25,6 +29,11 @@ serve:
   latency: {cpu: [0.05], gpu: [0.05]}
   max_replicas: 1
 """
+
+
+# Every 127.x.y.z address reaches this machine, but a socket bound to 127.0.0.1 takes only
+# connections made to 127.0.0.1: this one tells "every interface" from "loopback only".
+OTHER_LOOPBACK = "127.0.0.5"
 
 
 def _alive(pid: int) -> bool:
@@ -64,6 +73,8 @@ def test_serve_job_runs_through_the_service_answers_http_and_reports_its_slo(
                    "the serve job's router", service.diagnostics)
         url = _service_of(service, "web")["url"]
         assert url.startswith("http://127.0.0.1:")
+        with pytest.raises(httpx.ConnectError):  # listens on loopback only, like the service
+            httpx.get(url.replace("127.0.0.1", OTHER_LOOPBACK) + "/stats", timeout=5.0)
         with httpx.Client(timeout=30.0) as client:
             for i in range(5):
                 answer = client.post(f"{url}/infer", json={"tokens": example_tokens(i)})
@@ -167,3 +178,17 @@ def test_a_service_shutdown_does_not_start_serve_replicas_again(tmp_path: Path) 
         assert service.replicas == [] and service.router is None
     finally:
         service.stop()
+
+
+def test_a_service_on_every_interface_starts_routers_there_too(tmp_path: Path) -> None:
+    with running_service(tmp_path / "home", slots=1, interval=0.5, host="0.0.0.0") as service:
+        assert service.submit(SERVE_YAML).status_code == 201
+        wait_until(lambda: _service_of(service, "web").get("url") is not None, 90,
+                   "the serve job's router", service.diagnostics)
+        url = urlsplit(_service_of(service, "web")["url"])
+        assert url.hostname == announced_host(RunSettings(
+            Path(), DevicePool("cpu", 1, 1), router_host="0.0.0.0"))
+        answer = httpx.post(f"http://{OTHER_LOOPBACK}:{url.port}/infer",
+                            json={"tokens": example_tokens(0)}, timeout=30.0)
+        assert answer.status_code == 200, answer.text
+        service.http.post(f"{service.url}/api/jobs/web/cancel").raise_for_status()

@@ -56,6 +56,10 @@ class RunSettings:
     # old ones are stopped once the new are ready, or after this many seconds regardless.
     prewarm: bool = True
     prewarm_timeout_s: float = 120.0
+    # Where serve jobs' routers listen (the service's --host) and the address they are
+    # announced at (default: that host, or this machine's address when it is 0.0.0.0 / ::).
+    router_host: str = "127.0.0.1"
+    router_address: str | None = None
 
 
 def free_port() -> int:

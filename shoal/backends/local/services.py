@@ -18,6 +18,7 @@ over the job's life, its requests, the recent p99 latency, the replicas and the 
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections import Counter, deque
 from collections.abc import Sequence
@@ -78,6 +79,23 @@ class ServeReplica(Protocol):
     def exited(self) -> int | None: ...
 
     def stop(self) -> None: ...
+
+
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+def announced_host(settings: RunSettings) -> str:
+    """The address a router listening on ``settings.router_host`` is reached at: the
+    configured ``router_address``, else the host itself, else (on every interface) this
+    machine's address as its own name resolves, loopback if it does not."""
+    if settings.router_address:
+        return settings.router_address
+    if settings.router_host not in WILDCARD_HOSTS:
+        return settings.router_host
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return LOOPBACK
 
 
 def _ready_url(service: ServeReplica) -> str | None:
@@ -248,11 +266,13 @@ class LocalServeJob:
         if self.router is None:
             self._seq += 1
             assert self.spec.serve is not None
-            args = ["--host", LOOPBACK, "--port", "0", "--slo", str(self.spec.serve.slo_s)]
+            args = ["--host", self.settings.router_host, "--port", "0",
+                    "--slo", str(self.spec.serve.slo_s)]
             for url in urls:
                 args += ["--replica", url]
             self.router = start_process(f"router-{self._seq}", "shoal.serve.router", args,
                                         self.log_dir)
+            self.router.host = announced_host(self.settings)
             return
         if not self.router.url or urls == self.routed:
             return

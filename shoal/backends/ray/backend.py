@@ -20,7 +20,7 @@ import ray
 from shoal.backends.local.backend import LocalBackend
 from shoal.backends.local.devices import DEFAULT_PEAK_TFLOPS, DevicePool
 from shoal.backends.local.model import JobModel
-from shoal.backends.local.services import check_service_spec
+from shoal.backends.local.services import WILDCARD_HOSTS, check_service_spec
 from shoal.backends.ray import connect
 from shoal.backends.ray.job import RayJob, RaySettings
 from shoal.backends.ray.nodes import MEMORY_LABEL, NodeRegistry, RayNode
@@ -70,6 +70,8 @@ class RayBackend(LocalBackend):
         self.registry = NodeRegistry(cores_per_slot=settings.pool.threads_per_slot)
         self.device_memory_gb = settings.device_memory_gb
         settings.scheduler_url = self._reachable(settings.scheduler_url)
+        if settings.router_address is None and settings.router_host in WILDCARD_HOSTS:
+            settings.router_address = connect.driver_address()  # where Ray's nodes reach us
         self.refresh()
         log.info("Ray backend on %s: %s", self.address, self.pool.describe())
 

@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 
 _RESERVE_WAIT_S = 1.0  # how long one tick waits for a new placement group
 _RESERVE_WARN_S = 60.0  # a placement group pending this long is reported in the log
+# Between rounds a running job's actors are asked for their exit at most this often: each look
+# is a Ray call per replica, so a finish is noticed within this time at a bounded cost.
+_WATCH_EVERY_S = 1.0
 
 
 @dataclass
@@ -94,6 +97,14 @@ class RayJob(LocalJob):
         self._drop_group()
 
     # ----- the local life cycle, on Ray -----
+    @property
+    def watch_between_rounds(self) -> bool:
+        """In transition, or running and not looked at for ``_WATCH_EVERY_S``: so the service
+        sees a job end (and a policy deciding at completions hands its devices out) within
+        about a second, not at the next round."""
+        due = time.time() - self._last_tick >= _WATCH_EVERY_S
+        return self.in_transition or (self.phase == Phase.RUNNING and due)
+
     def tick(self, now: float) -> None:
         if self.phase == Phase.IDLE and (self.target is None or self.cancelled):
             self._drop_group()

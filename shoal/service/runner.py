@@ -419,6 +419,7 @@ class Runner:
             "batch_size": record.batch_size,
             "num_restarts": record.num_restarts,
             "device_seconds": record.device_seconds,
+            "profiling_seconds": record.profiling_seconds,
             "workdir": str(self.workdirs.get(record.name, "")),
             "spec": record.spec.model_dump(mode="json"),
             "decision": self.decisions.latest.get(record.name),

@@ -62,6 +62,9 @@ class TrainEnv:
     checkpoint_interval_s: float | None = None
     standby_file: Path | None = None
     device_type: str | None = None
+    # A probe: train this many steps from scratch on one device, report the step times (marked
+    # "probe") and exit 0; the backend measures a device type the job has not run on this way.
+    probe_steps: int | None = None
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str] | None = None) -> TrainEnv:
@@ -76,6 +79,10 @@ class TrainEnv:
         nodes_default = max(1, -(-world_size // local_world_size))
         checkpoint_dir = env.get("SHOAL_CHECKPOINT_DIR") or None
         url = (env.get("SHOAL_SCHEDULER_URL") or "").rstrip("/") or None
+        probe_steps = _int(env, "SHOAL_PROBE_STEPS", None, 1)
+        if probe_steps is not None and world_size > 1:
+            raise TrainEnvError(f"SHOAL_PROBE_STEPS runs one process, not WORLD_SIZE={world_size}"
+                                "; unset one of them")
         return cls(
             rank=rank,
             world_size=world_size,
@@ -93,6 +100,7 @@ class TrainEnv:
             checkpoint_interval_s=_float(env, "SHOAL_CHECKPOINT_INTERVAL"),
             standby_file=Path(env["SHOAL_STANDBY_FILE"]) if env.get("SHOAL_STANDBY_FILE") else None,
             device_type=(env.get("SHOAL_DEVICE_TYPE") or "").strip() or None,
+            probe_steps=probe_steps,
         )
 
     @property

@@ -199,6 +199,8 @@ class ElasticTrainer:
         )
         self._micro = None
         self._boundary(plan)
+        if ctx.env.probe_steps is not None and self.steps >= ctx.env.probe_steps:
+            self._end_probe()
         return True
 
     def epoch_done(self, epoch: int) -> None:
@@ -367,6 +369,15 @@ class ElasticTrainer:
         end_quickly_at_exit(EXIT_CHECKPOINTED)
         sys.exit(EXIT_CHECKPOINTED)
 
+    def _end_probe(self) -> None:
+        """A probe has measured its steps: report them and end (nothing is checkpointed)."""
+        ctx = self._ctx
+        print(f"shoal: probe of {self.steps} steps done; exiting", flush=True)  # in its log
+        self._send_report()
+        ctx.reporter.close()
+        end_quickly_at_exit(0)
+        sys.exit(0)
+
     def _maybe_report(self, now: float) -> None:
         ctx = self._ctx
         if not ctx.reporter.enabled:
@@ -411,6 +422,8 @@ class ElasticTrainer:
                 epoch_position=loader.position,
                 epoch_samples=loader.num_samples,
             )
+        if ctx.env.probe_steps is not None:
+            payload["probe"] = True  # measurements only: not the job's progress
         payload.update(extra)
         return payload
 

@@ -105,3 +105,23 @@ def test_a_type_never_run_on_is_predicted_from_the_ratio_of_peak_rates() -> None
     # without peak rates an unmeasured type has no model (policies fall back to a measured one)
     model.type_peaks = {}
     assert set(model.hints(LIMITS).goodput) == {"t4"}
+
+
+def test_a_probes_steps_join_the_model_without_touching_progress() -> None:
+    slow = PerfParams(0.06, 0.004, 0.05, 0.01, 0.01, 0.002, 1.5)
+    model = _model("a", _rows(FAST, EXPLORED, "a"))
+    model.update({"profile": _rows(FAST, EXPLORED, "a"), "epoch": 3, "steps": 40,
+                  "samples_per_second": 50.0}, now=1.0)
+    probe = _rows(slow, [(1, 1, 32)], "b") + _rows(slow, [(1, 1, 32)], None)
+    model.update({"probe": True, "profile": probe, "epoch": 0, "steps": 10, "done": True,
+                  "grad_sqr": 99.0, "grad_var": 1.0}, now=2.0)
+    assert (model.epoch, model.steps, model.fraction) == (3, 40, 0.3)
+    assert (model.grad.sqr, model.grad.var) == (1.0, 10.0) and model.reports == 2
+    assert model.probe_rows == probe[:1]  # a row that names no type says nothing
+    assert model.hints(LIMITS).max_profiled_replicas == {"a": 8, "b": 1}
+    # The job's own reports keep replacing its rows; the probe's stay until the job runs on b.
+    model.update({"profile": _rows(FAST, EXPLORED, "a"), "epoch": 4}, now=3.0)
+    assert set(model.rows_by_type()) == {"a", "b"}
+    own_b = _rows(slow, [(1, 2, 32)], "b")
+    model.update({"profile": _rows(FAST, EXPLORED, "a") + own_b, "epoch": 5}, now=4.0)
+    assert model.rows_by_type()["b"] == own_b

@@ -123,6 +123,30 @@ def test_spanning_and_concurrent_jobs_land_on_their_types(service: Service,
     assert all(n["used"] == 0 for n in service.get("/api/cluster")["nodes"])
 
 
+def test_a_job_that_may_use_every_type_is_probed_on_the_types_it_is_not_placed_on(
+        service: Service, checkpoints: Path) -> None:
+    assert service.submit(ray_job("probed", None, epochs=10, sleep=0.1)).status_code == 201
+    wait_until(lambda: all_done(service, ["probed"]), 150, "the probed job",
+               service.diagnostics)
+    job = service.job("probed")
+    assert job["state"] == "finished", (job.get("failure"), service.log_text("probed"))
+    ran_on = {dtype for _, _, dtype, _, _ in placements(service, "probed")}
+    probe_logs = {path.name for path in (service.home / "logs" / "probed").glob("probe-*.log")}
+    probed = {name[len("probe-"):-len(".log")] for name in probe_logs}
+    # Each type it did not run on was probed (a job waiting for its first round may also be
+    # probed on the type it then runs on), and each probe measured its steps.
+    assert {"cpu", "fast", "slow"} - ran_on <= probed, (probed, ran_on)
+    for dtype in probed:
+        text = (service.home / "logs" / "probed" / f"probe-{dtype}.log").read_text()
+        assert f"probe of 10 steps on {dtype}" in text and "probe of 10 steps done" in text, text
+    profile = job.get("profile") or []
+    assert {row.get("device_type") for row in profile} == {"cpu", "fast", "slow"}, profile
+    assert job["profiling_seconds"] > 0
+    # The probes trained from scratch elsewhere: the job's own progress is exactly its epochs.
+    assert done(checkpoints, "probed")["samples"] == SAMPLES * 10
+    assert all(n["used"] == 0 for n in service.get("/api/cluster")["nodes"])
+
+
 SERVE_YAML = """name: web
 kind: serve
 device_types: [cpu]

@@ -106,3 +106,27 @@ def test_reporter_never_blocks_or_raises_without_a_scheduler(
     assert reporter.failed >= 1 and reporter.sent == 0
     assert "training continues" in caplog.text
     assert not Reporter(None, "job").enabled
+
+
+def test_a_probe_trains_its_steps_reports_them_as_a_probe_and_exits(
+        scheduler: Scheduler, tmp_path: Path) -> None:
+    from tests.train.procs import launch, logs, wait_all
+
+    # 97 samples in batches of 12: 9 steps an epoch, 3 epochs; the probe stops after 6.
+    procs = launch(1, tmp_path, SHOAL_PROBE_STEPS="6", SHOAL_CHECKPOINT_DIR="",
+                   SHOAL_SCHEDULER_URL=scheduler.url, SHOAL_DEVICE_TYPE="fast")
+    assert wait_all(procs) == [0], logs(tmp_path)
+    assert "probe of 6 steps done" in logs(tmp_path)
+    assert not (tmp_path / "final.pt").exists()  # ended mid-training
+    assert (tmp_path / "progress").read_text() == "5"  # it ends inside the 6th step()
+    assert not (tmp_path / "checkpoint").exists()
+    reports = [payload for _, payload in scheduler.received]
+    assert reports and all(r["probe"] for r in reports)
+    rows = reports[-1]["profile"]
+    # The first two steps are warm-up; the other four are the probe's measurement.
+    assert [(r["device_type"], r["num_replicas"], r["count"]) for r in rows] == [("fast", 1, 4)]
+
+
+def test_a_probe_runs_one_process() -> None:
+    with pytest.raises(TrainEnvError, match="SHOAL_PROBE_STEPS"):
+        TrainEnv.from_environ({"SHOAL_PROBE_STEPS": "10", "WORLD_SIZE": "2"})

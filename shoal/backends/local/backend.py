@@ -130,7 +130,7 @@ class LocalBackend:
                     hints=job.model.hints(limits),
                     batch_size=job.model.batch_size,
                     extra={"running": job.phase == Phase.RUNNING and job.reported_since_start
-                           and not job.standby},
+                           and not job.standby, "profiling_seconds": job.profiling_seconds},
                 )
             )
         for service in self.services.values():
@@ -198,6 +198,8 @@ class LocalBackend:
         if job is None:
             raise KeyError(name)
         job.on_report(payload)
+        if payload.get("probe"):
+            return {}
         alloc = job.running_allocation
         current = job.model.batch_size
         if job.phase != Phase.RUNNING or alloc is None or not current or payload.get("done"):

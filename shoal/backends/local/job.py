@@ -111,6 +111,7 @@ class LocalJob:
     slot_ids: tuple[int, ...] = ()  # the pool's slots (GPU indices) the target runs on
     _resizing: bool = False
     _last_tick: float = field(default_factory=time.time)
+    profiling_seconds: float = 0.0  # device time of probes on other types (Ray)
 
     @property
     def name(self) -> str:
@@ -433,6 +434,8 @@ class LocalJob:
 
     def on_report(self, report: dict[str, object]) -> None:
         self.model.update(dict(report))
+        if report.get("probe"):
+            return
         when = report.get("time")
         when = float(when) if isinstance(when, int | float) else time.time()
         details = self.run_details[-1] if self.run_details else None

@@ -66,6 +66,9 @@ class JobModel:
     # type the job has not run on, it is predicted from the type it ran most replicas on, with
     # the compute time scaled by the ratio of peaks (a data-sheet prior until it runs there).
     type_peaks: dict[str, float] = field(default_factory=dict)
+    # Step times a probe measured (one replica, on a type the job had not run on); rows of a
+    # type the job's own reports cover are superseded by those.
+    probe_rows: list[dict[str, Any]] = field(default_factory=list)
     _fits: dict[str, _Fit] = field(default_factory=dict)  # per device type
     _progress_log: list[tuple[float, float]] = field(default_factory=list)
 
@@ -94,6 +97,9 @@ class JobModel:
     # ----- input -----
     def update(self, report: dict[str, Any], now: float | None = None) -> None:
         now = time.time() if now is None else now
+        if report.get("probe"):
+            self._add_probe(report.get("profile"))
+            return
         self.reports += 1
         self.last_report = report
         for key in ("init_batch_size", "max_batch_size", "max_local_bsz", "batch_size"):
@@ -115,6 +121,20 @@ class JobModel:
         self._progress_log.append((now, self.fraction))
         self._progress_log = self._progress_log[-30:]
 
+    def _add_probe(self, rows: object) -> None:
+        """Keep a probe's rows (those naming their device type), replacing earlier probes'."""
+        if not isinstance(rows, list):
+            return
+        fresh = [r for r in rows if isinstance(r, dict) and r.get("device_type")]
+        types = {r["device_type"] for r in fresh}
+        self.probe_rows = [r for r in self.probe_rows if r["device_type"] not in types] + fresh
+
+    @property
+    def all_rows(self) -> list[dict[str, Any]]:
+        """The job's own rows, then probe rows of the types those do not cover."""
+        own = {str(r.get("device_type") or self.device_type) for r in self.rows}
+        return self.rows + [r for r in self.probe_rows if r["device_type"] not in own]
+
     def _fraction(self, report: dict[str, Any]) -> float:
         if report.get("done"):
             return 1.0
@@ -132,7 +152,7 @@ class JobModel:
         """Usable profile rows per device type. A row without ``device_type`` (a trainer that
         was not told its type) counts as measured on the type the job runs on now."""
         out: dict[str, list[dict[str, Any]]] = {}
-        for row in self.rows:
+        for row in self.all_rows:
             if row.get("step_time", 0) > 0 and row.get("count", 0) > 0:
                 out.setdefault(str(row.get("device_type") or self.device_type), []).append(row)
         return out
@@ -292,7 +312,7 @@ class JobModel:
                 zip(("alpha_c", "beta_c", "alpha_n", "beta_n", "alpha_r", "beta_r", "gamma"),
                     np.round(perf.as_array(), 6).tolist(), strict=True)
             ),
-            "profile": self.rows,
+            "profile": self.all_rows,
             "epochs": self.epoch_trace,
             "bounds": {"init_batch_size": self.init_batch_size,
                        "max_batch_size": self.max_batch_size,

@@ -10,7 +10,8 @@ left (they are placed again on what is left and resume from their checkpoints).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -24,9 +25,10 @@ from shoal.backends.local.services import WILDCARD_HOSTS, check_service_spec
 from shoal.backends.ray import connect
 from shoal.backends.ray.job import RayJob, RaySettings
 from shoal.backends.ray.nodes import MEMORY_LABEL, NodeRegistry, RayNode
+from shoal.backends.ray.probes import Prober
 from shoal.backends.ray.services import RayServeJob
 from shoal.core.planned_jobs import PlannedAdmission, admit_model
-from shoal.core.types import ClusterState, JobLimits
+from shoal.core.types import Change, ClusterState, JobLimits
 from shoal.perf.parallel import gpu_peak_tflops
 from shoal.perf.planned import PlannedGoodput
 from shoal.spec.cluster import ClusterSpec, DeviceType, NodeGroup, NodeInfo
@@ -68,6 +70,7 @@ class RayBackend(LocalBackend):
         super().__init__(settings)
         self.address = connect.cluster_address()
         self.registry = NodeRegistry(cores_per_slot=settings.pool.threads_per_slot)
+        self.prober = Prober(self.registry)
         self.device_memory_gb = settings.device_memory_gb
         settings.scheduler_url = self._reachable(settings.scheduler_url)
         if settings.router_address is None and settings.router_host in WILDCARD_HOSTS:
@@ -112,6 +115,35 @@ class RayBackend(LocalBackend):
         for job in self.jobs.values():
             job.model.type_peaks = peaks  # predicts the types a job has not run on yet
         return self._state
+
+    # ----- probes of device types a job has not run on -----
+    def apply(self, changes: Sequence[Change]) -> None:
+        super().apply(changes)
+        self._probe()
+
+    def poll(self) -> list[str]:
+        ended = super().poll()
+        self._probe()
+        return ended
+
+    def _probe(self) -> None:
+        ray_jobs = {name: job for name, job in self.jobs.items() if isinstance(job, RayJob)}
+        self.prober.step(ray_jobs, self._devices_held(), self.now())
+
+    def _devices_held(self) -> Counter[int]:
+        """Per shoal node, the devices jobs and services hold or are about to (a resizing
+        job counts the larger of its old and new allocation on each node)."""
+        held: Counter[int] = Counter()
+        for job in self.jobs.values():
+            if job.terminal:
+                continue
+            old, new = (Counter(a.nodes) if a is not None else Counter()
+                        for a in (job.running_allocation, job.target))
+            held.update(old | new)
+        for service in self.services.values():
+            if not service.terminal and service.target is not None:
+                held.update(service.target.nodes)
+        return held
 
     # ----- admission -----
     def _capacity(self, spec: JobSpec) -> int:
@@ -205,6 +237,7 @@ class RayBackend(LocalBackend):
         return job
 
     def close(self) -> None:
+        self.prober.close()
         for job in self.jobs.values():
             if isinstance(job, RayJob):
                 job._release()

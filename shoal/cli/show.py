@@ -97,11 +97,24 @@ def _show_service(console: Console, data: dict) -> None:
         ("allocation", f"{alloc.get('replicas', 0)} x {alloc.get('device_type', '-')}"),
         ("replicas ready", service.get("replicas", 0)),
         ("URL", service.get("url") or "-"),
-        ("arrival rate", number("arrival_rate", "{:.2f} requests/s")),
-        ("requests answered", service.get("requests", 0)),
-        ("SLO", number("slo_s", "{:.0f} ms", 1000.0)),
-        ("SLO attainment", number("slo_attainment", "{:.2%}")),
-        ("p99 latency", number("p99_latency_s", "{:.0f} ms", 1000.0)),
+    ]
+    if data["kind"] == "stream":
+        rows += [
+            ("input rate", number("input_rate", "{:.2f} samples/s")),
+            ("processed", service.get("processed") or 0),
+            ("backlog", number("backlog", "{:.0f} samples")),
+            ("lag", f"{number('lag_s', '{:.1f} s')} (max {number('max_lag_s', '{:.1f} s')}, "
+                    f"bound {number('lag_bound_s', '{:.0f} s')})"),
+        ]
+    else:
+        rows += [
+            ("arrival rate", number("arrival_rate", "{:.2f} requests/s")),
+            ("requests answered", service.get("requests", 0)),
+            ("SLO", number("slo_s", "{:.0f} ms", 1000.0)),
+            ("SLO attainment", number("slo_attainment", "{:.2%}")),
+            ("p99 latency", number("p99_latency_s", "{:.0f} ms", 1000.0)),
+        ]
+    rows += [
         ("resizes", data.get("resizes", 0)),
         ("device-seconds", f"{data['device_seconds']:.0f}"),
         ("submitted / started / ended",

@@ -31,8 +31,13 @@ def _number(value: float | None, digits: int = 0) -> str:
 
 
 def service_line(job: dict[str, Any]) -> str:
-    """A serve job's measurements in one line: requests/s, SLO attainment, p99 latency."""
+    """A serve job's measurements in one line: requests/s, SLO attainment, p99 latency; a
+    stream job's: input samples/s and lag."""
     service = job.get("service") or {}
+    if service.get("kind") == "stream":
+        rate, lag = service.get("input_rate"), service.get("lag_s")
+        return (f"{rate:.1f} samples/s" if rate is not None else "- samples/s") + (
+            f" lag {lag:.1f}s" if lag is not None else " lag -")
     rate = service.get("arrival_rate")
     attainment = service.get("slo_attainment")
     p99 = service.get("p99_latency_s")

@@ -475,8 +475,15 @@ class Runner:
 
 
 def _service_metrics(service: LocalServeJob) -> dict[str, Any]:
-    """What ``shoal show`` / ``ls`` and the API report for a serve job (from its last round)."""
+    """What ``shoal show`` / ``ls`` and the API report for a serve or stream job (from its last
+    round)."""
     metrics = service.metrics
+    if service.spec.kind == "stream":
+        keys = ("input_rate", "backlog", "lag_s", "max_lag_s", "processed", "lag_bound_s")
+        return {"kind": "stream", "url": service.url,
+                "replicas": len(service.ready) if not service.terminal else 0,
+                **{key: metrics.get(key) for key in keys},
+                "device_seconds": service.device_seconds, "pids": service.pids}
     return {
         "kind": service.spec.kind,
         "url": service.url,

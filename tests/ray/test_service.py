@@ -188,6 +188,35 @@ def test_a_serve_job_runs_its_model_servers_on_the_chosen_nodes(service: Service
                "the servers' devices back", service.diagnostics)
 
 
+STREAM_YAML = """name: feed
+kind: stream
+device_types: [cpu]
+stream: {input_rate: 120, throughput: {cpu: 80}, max_lag_s: 5, max_replicas: 2, startup_s: 1}
+"""
+
+
+def test_a_stream_job_runs_its_workers_on_the_chosen_nodes(service: Service) -> None:
+    # 1.2 x 120 samples/s needs two 80/s workers: one on each node's cpu device.
+    assert service.submit(STREAM_YAML).status_code == 201
+
+    def feed() -> dict[str, object]:
+        return service.job("feed").get("service") or {}
+
+    wait_until(lambda: feed().get("replicas") == 2 and (feed().get("processed") or 0) > 200,
+               120, "two workers processing the stream", service.diagnostics)
+    wait_until(lambda: (feed().get("lag_s") or 99.0) < 1.0, 60, "the workers keeping up",
+               service.diagnostics)
+    nodes = set()
+    for path in (service.home / "logs" / "feed").glob("worker-*.log"):
+        text = path.read_text()
+        assert "SHOAL_SERVE_PORT=0" in text, text  # it loaded the model and took work
+        nodes |= set(re.findall(r"host \S+ \(([\d.]+)\)", text))
+    assert nodes == {HEAD_IP, WORKER_IP}, nodes
+    service.http.post(f"{service.url}/api/jobs/feed/cancel").raise_for_status()
+    wait_until(lambda: all(n["used"] == 0 for n in service.get("/api/cluster")["nodes"]), 30,
+               "the workers' devices back", service.diagnostics)
+
+
 def test_lost_node_resizes_and_resumes_from_checkpoint(service: Service, checkpoints: Path,
                                                        ray_cluster: LoopbackCluster) -> None:
     epochs = 6

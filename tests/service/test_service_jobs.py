@@ -54,8 +54,8 @@ def test_serve_job_runs_through_the_service_answers_http_and_reports_its_slo(
     with running_service(tmp_path / "home", slots=2, interval=0.5) as service:
         # Validation names the field; nothing is admitted.
         for text, field in [
-            ("name: s1\nkind: stream\nstream: {input_rate: 5, throughput: {cpu: 9, gpu: 9}, "
-             "max_lag_s: 5}\n", "kind"),
+            ("name: s1\nkind: stream\nstream: {input_rate: 5, throughput: {t4: 9}, "
+             "max_lag_s: 5}\n", "stream.throughput"),
             (SERVE_YAML.replace("web", "s2").replace("model: tiny", "model: opt-6.7b"),
              "serve.model"),
             (SERVE_YAML.replace("web", "s3") + 'command: ["python", "serve.py"]\n', "command"),
@@ -192,3 +192,48 @@ def test_a_service_on_every_interface_starts_routers_there_too(tmp_path: Path) -
                             json={"tokens": example_tokens(0)}, timeout=30.0)
         assert answer.status_code == 200, answer.text
         service.http.post(f"{service.url}/api/jobs/web/cancel").raise_for_status()
+
+
+# 40 samples/s, then 120 from 15 s after submission; one worker processes 80/s, so the step
+# needs two (1.2 x 120 = 144 > 80).
+STREAM_YAML = """name: clicks
+kind: stream
+stream:
+  input_rate: 40
+  steps: [{at_s: 15, rate: 120}]
+  throughput: {cpu: 80, gpu: 80}
+  max_lag_s: 5
+  max_replicas: 2
+  startup_s: 1
+  downscale_delay_s: 5
+"""
+
+
+def test_a_stream_job_runs_workers_that_keep_up_as_its_input_rate_steps_up(
+        tmp_path: Path) -> None:
+    with running_service(tmp_path / "home", slots=2, interval=0.5) as service:
+        assert service.submit(STREAM_YAML).status_code == 201
+        wait_until(lambda: _service_of(service, "clicks").get("processed"), 60,
+                   "the first samples processed", service.diagnostics)
+        first = _service_of(service, "clicks")
+        assert first["kind"] == "stream" and first["replicas"] == 1, first
+        assert first["lag_bound_s"] == 5
+        wait_until(lambda: _service_of(service, "clicks").get("replicas") == 2, 60,
+                   "a second worker for the higher rate", service.diagnostics)
+        # Two workers drain what piled up while the second started, then keep up.
+        wait_until(lambda: (_service_of(service, "clicks").get("input_rate") or 0) > 100
+                   and _service_of(service, "clicks")["lag_s"] < 1.0, 60,
+                   "the lag back under a second at the higher rate", service.diagnostics)
+        stats = httpx.get(f"{_service_of(service, 'clicks')['url']}/stats", timeout=5.0).json()
+        assert stats["processed"] > 0.9 * stats["arrived"] > 0, stats
+        assert _service_of(service, "clicks")["max_lag_s"] < 5.0
+        job = service.job("clicks")
+        assert job["state"] == "running" and job["allocation"]["replicas"] == 2
+        workers = sorted(p.name for p in (service.home / "logs" / "clicks").glob("worker-*"))
+        assert len(workers) >= 2, workers  # one per device granted (more after a shrink)
+        pids = _service_of(service, "clicks")["pids"]
+        assert len(pids) == 3  # the source and two workers
+        service.http.post(f"{service.url}/api/jobs/clicks/cancel").raise_for_status()
+        assert service.job("clicks")["state"] == "failed"  # cancelled by its user
+        assert not any(_alive(p) for p in pids)
+        assert _service_of(service, "clicks")["url"] is None

@@ -15,7 +15,7 @@ from typing import Any
 from shoal.backends.local.devices import DevicePool
 from shoal.backends.local.job import LocalJob, Phase, RunSettings
 from shoal.backends.local.model import JobModel
-from shoal.backends.local.services import LocalServeJob, check_service_spec
+from shoal.backends.local.services import LocalServeJob, LocalStreamJob, check_service_spec
 from shoal.core.planned_jobs import PlannedAdmission, admit_model
 from shoal.core.types import Change, ClusterState, JobLimits, JobStatus
 from shoal.spec.cluster import ClusterSpec, NodeGroup, NodeInfo
@@ -47,19 +47,22 @@ class LocalBackend:
         check_service_spec(spec, [self.pool.device_type])
 
     def _service(self, spec: JobSpec) -> LocalServeJob:
+        if spec.kind == "stream":
+            return LocalStreamJob(spec, self.settings)
         return LocalServeJob(spec, self.settings)
 
     def admit(self, spec: JobSpec, workdir: Path | None = None) -> JobLimits:
         if spec.kind != "train":
             self.check_service(spec)
-            assert spec.serve is not None
+            section = spec.serve or spec.stream
+            assert section is not None
             self.services[spec.name] = self._service(spec)
             capacity = sum(n.capacity for n in self.cluster().nodes
-                           if n.device_type in spec.serve.device_types
+                           if n.device_type in section.device_types
                            and (not spec.device_types or n.device_type in spec.device_types))
             return JobLimits(init_batch_size=1, max_batch_size=1, min_local_bsz=1,
                              max_local_bsz=1,
-                             max_replicas=min(capacity, spec.serve.max_replicas))
+                             max_replicas=min(capacity, section.max_replicas))
         if not spec.command:
             raise SpecError(
                 "the local backend runs a program: add e.g. "

@@ -45,8 +45,8 @@ def check_service_spec(spec: JobSpec, device_types: Sequence[str]) -> None:
     """SpecError unless a backend offering ``device_types`` can run ``spec`` (a serve job of
     the tiny model, with a latency profile for an offered type the job allows)."""
     if spec.kind == "stream":
-        raise SpecError("shoal's backends run train and serve jobs; simulate stream jobs "
-                        "with `shoal sim`", field="kind")
+        _check_stream_types(spec, device_types)
+        return
     serve = spec.serve
     assert serve is not None
     if serve.model != LOCAL_MODEL:
@@ -79,6 +79,20 @@ class ServeReplica(Protocol):
     def exited(self) -> int | None: ...
 
     def stop(self) -> None: ...
+
+
+def _check_stream_types(spec: JobSpec, device_types: Sequence[str]) -> None:
+    """SpecError unless a stream job allows an offered type it declares a throughput for."""
+    assert spec.stream is not None
+    offered = ", ".join(f"'{t}'" for t in device_types)
+    allowed = [t for t in device_types if not spec.device_types or t in spec.device_types]
+    if not allowed:
+        raise SpecError(f"the devices offered are {offered}, the job allows "
+                        f"{spec.device_types}", field="device_types")
+    if not set(allowed) & set(spec.stream.throughput):
+        raise SpecError(f"the devices offered are {offered}; add the samples/s one of them "
+                        f"processes, e.g. throughput: {{{allowed[0]}: 200}}",
+                        field="stream.throughput")
 
 
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
@@ -173,6 +187,11 @@ class LocalServeJob:
             service.stop()
         self.router, self.replicas, self.routed = None, [], []
 
+    def _release_devices(self) -> None:
+        """No devices granted: stop every process (a router without replicas serves nothing)."""
+        if self.replicas or self.router:
+            self.stop()
+
     def _end(self, now: float, failure: str | None) -> None:
         if self.finished_at is None:
             self.finished_at = now
@@ -184,10 +203,10 @@ class LocalServeJob:
             return
         self.device_seconds += (now - self._last_tick) * len(self.replicas)
         self._last_tick = now
-        serve = self.spec.serve
-        assert serve is not None
-        if serve.duration_s is not None and self.started_at is not None and (
-                now - self.started_at >= serve.duration_s):
+        section = self.spec.serve or self.spec.stream
+        assert section is not None
+        if section.duration_s is not None and self.started_at is not None and (
+                now - self.started_at >= section.duration_s):
             self.stop()
             self._end(now, None)
             return
@@ -201,8 +220,7 @@ class LocalServeJob:
                 self._end(now, f"{exc}; gave up after {MAX_CRASHES} restarts")
                 return
         if self.target is None or self.target.num_replicas == 0:
-            if self.replicas or self.router:
-                self.stop()
+            self._release_devices()
             return
         if self.started_at is None:
             self.started_at = now
@@ -335,6 +353,98 @@ class LocalServeJob:
         if self.terminal:
             extra.update(running=False, url=None, replicas=0)
         self.metrics = {**extra, "slo_s": self.spec.serve.slo_s if self.spec.serve else None}
+        return JobStatus(self.name, device_seconds=self.device_seconds,
+                         finished_at=self.finished_at if self.failed_reason is None else None,
+                         failed_reason=self.failed_reason, extra=extra)
+
+
+@dataclass
+class LocalStreamJob(LocalServeJob):
+    """A stream job: a stream source (:mod:`shoal.serve.stream_source`, the job's URL) holding
+    the input that arrives at the declared rate, and one worker
+    (:mod:`shoal.serve.stream_worker`) per granted device pulling from it. Its status has the
+    measured ``input_rate`` (arrivals over the last ``RATE_WINDOW_S``), ``backlog`` and
+    ``lag_s``, which the scheduler's service demand turns into devices."""
+
+    max_lag_s: float = 0.0  # the largest lag a status has seen
+    _arrivals: deque[tuple[float, int]] = field(default_factory=deque)  # (time, arrived)
+
+    @property
+    def url(self) -> str | None:
+        return self.router.url if self.router is not None and self.router.url else None
+
+    def worker_args(self) -> list[str]:
+        stream = self.spec.stream
+        assert stream is not None and self.target is not None and self.url is not None
+        return ["--source", self.url, "--samples-per-second",
+                str(stream.throughput[self.target.device_type]),
+                "--threads", str(self.settings.pool.threads_per_slot)]
+
+    def _start_replica(self, node: int) -> ServeReplica | None:
+        """A worker on ``node``, once the source announced its URL (a later tick starts it)."""
+        if self.url is None:
+            return None
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._seq += 1
+        worker = start_process(f"worker-{self._seq}", "shoal.serve.stream_worker",
+                               self.worker_args(), self.log_dir,
+                               self.settings.pool.threads_per_slot)
+        worker.node = node
+        return worker
+
+    def _route(self) -> None:
+        """Start the source with the job (workers pull from it; nothing to route)."""
+        if self.router is not None:
+            return
+        stream = self.spec.stream
+        assert stream is not None
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._seq += 1
+        args = ["--host", self.settings.router_host, "--port", "0",
+                "--rate", str(stream.input_rate), "--origin", str(self.spec.submit_time)]
+        for step in stream.steps:
+            args += ["--step", f"{step.at_s}:{step.rate}"]
+        self.router = start_process(f"source-{self._seq}", "shoal.serve.stream_source", args,
+                                    self.log_dir)
+        self.router.host = announced_host(self.settings)
+
+    def _release_devices(self) -> None:
+        """No devices granted: stop the workers; the source keeps the input arriving (and the
+        count of what was processed), so the backlog grows until workers return."""
+        for worker in self.replicas:
+            worker.stop()
+        self.replicas = []
+
+    def measure(self, now: float) -> float | None:
+        """Samples/s that arrived over the last ``RATE_WINDOW_S`` seconds (and the source's
+        other counters into ``metrics``)."""
+        if self.url is None:
+            return None
+        try:
+            stats = httpx.get(f"{self.url}/stats", timeout=2.0).json()
+        except (httpx.HTTPError, ValueError):
+            return None
+        self.metrics.update(stats)
+        self._arrivals.append((now, int(stats["arrived"])))
+        while len(self._arrivals) > 2 and self._arrivals[1][0] <= now - RATE_WINDOW_S:
+            self._arrivals.popleft()
+        (t0, a0), (t1, a1) = self._arrivals[0], self._arrivals[-1]
+        return (a1 - a0) / (t1 - t0) if t1 > t0 else float(stats["input_rate"])
+
+    def status(self, now: float) -> JobStatus:
+        extra: dict[str, Any] = {"running": self.url is not None and bool(self.ready),
+                                 "url": self.url, "replicas": len(self.ready)}
+        rate = self.measure(now)
+        if rate is not None:
+            lag = float(self.metrics.get("lag_s", 0.0))
+            self.max_lag_s = max(self.max_lag_s, lag)
+            extra.update(input_rate=rate, backlog=float(self.metrics.get("backlog", 0)),
+                         lag_s=lag, processed=int(self.metrics.get("processed", 0)))
+        extra["max_lag_s"] = self.max_lag_s
+        if self.terminal:
+            extra.update(running=False, url=None, replicas=0)
+        assert self.spec.stream is not None
+        self.metrics = {**self.metrics, **extra, "lag_bound_s": self.spec.stream.max_lag_s}
         return JobStatus(self.name, device_seconds=self.device_seconds,
                          finished_at=self.finished_at if self.failed_reason is None else None,
                          failed_reason=self.failed_reason, extra=extra)

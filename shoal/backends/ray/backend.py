@@ -26,7 +26,7 @@ from shoal.backends.ray import connect
 from shoal.backends.ray.job import RayJob, RaySettings
 from shoal.backends.ray.nodes import MEMORY_LABEL, NodeRegistry, RayNode
 from shoal.backends.ray.probes import Prober
-from shoal.backends.ray.services import RayServeJob
+from shoal.backends.ray.services import RayServeJob, RayStreamJob
 from shoal.core.planned_jobs import PlannedAdmission, admit_model
 from shoal.core.types import Change, ClusterState, JobLimits
 from shoal.perf.parallel import gpu_peak_tflops
@@ -187,7 +187,9 @@ class RayBackend(LocalBackend):
     def check_service(self, spec: JobSpec) -> None:
         check_service_spec(spec, self._state.device_types)
 
-    def _service(self, spec: JobSpec) -> RayServeJob:
+    def _service(self, spec: JobSpec) -> RayServeJob | RayStreamJob:
+        if spec.kind == "stream":
+            return RayStreamJob(spec, self.settings, registry=self.registry)
         return RayServeJob(spec, self.settings, registry=self.registry)
 
     def admit(self, spec: JobSpec, workdir: Path | None = None) -> JobLimits:

@@ -1,10 +1,13 @@
-"""Serve jobs on a Ray cluster: model servers as Ray actors on the allocation's nodes.
+"""Serve and stream jobs on a Ray cluster: model servers and stream workers as Ray actors on
+the allocation's nodes.
 
 The local backend's :class:`~shoal.backends.local.services.LocalServeJob` (router, rate
 measurement, SLO scoring, resizes), with each model server started by a Ray actor in a
 one-bundle placement group pinned to the node the scheduler chose, listening on that node's
 address. The router stays a process on the service's machine and forwards to the servers over
-the network. A server dies with its actor, which the service owns.
+the network. A server dies with its actor, which the service owns. Stream jobs
+(:class:`~shoal.backends.local.services.LocalStreamJob`) run their workers the same way and
+keep their stream source on the service's machine.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shoal.backends.local.services import LocalServeJob
+from shoal.backends.local.services import LocalServeJob, LocalStreamJob
 from shoal.backends.ray.nodes import NodeRegistry
 from shoal.backends.ray.replicas import RayReplica, launch, release, reserve
 
@@ -60,17 +63,42 @@ class RayServeJob(LocalServeJob):
 
     def _start_replica(self, node: int) -> RayServer | None:
         host = self.registry.get(node)
-        if host is None or self.target is None or host.device_type != self.target.device_type:
-            return None  # the node left the cluster: a later allocation places the server
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self._seq += 1
-        name = f"replica-{self._seq}"
-        log_path = self.log_dir / f"{name}.log"
-        threads = str(self.settings.pool.threads_per_slot)
-        env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"}
-        header = (f"=== shoal: {self.name} {name} on {host.device_type}, "
-                  f"{time.strftime('%H:%M:%S')} === Ray node {host.ray_id[:8]}")
-        group = reserve([host])
-        command = ["python", "-m", "shoal.serve.server", *self.server_args(host.address)]
-        [replica] = launch(group, [host], command, [env], [], _SERVER_CWD, [log_path], [header])
-        return RayServer(name, node, host.address, replica, group, log_path)
+        if host is None:
+            return None
+        return _start_on_node(self, self.registry, node, "replica",
+                              ["shoal.serve.server", *self.server_args(host.address)])
+
+
+@dataclass
+class RayStreamJob(LocalStreamJob):
+    """A stream job whose workers run on the cluster's nodes; the source stays on the service's
+    machine (listening on the service's ``--host``, so workers elsewhere reach it)."""
+
+    registry: NodeRegistry = field(default_factory=NodeRegistry)
+
+    def _start_replica(self, node: int) -> RayServer | None:
+        if self.url is None:
+            return None
+        return _start_on_node(self, self.registry, node, "worker",
+                              ["shoal.serve.stream_worker", *self.worker_args()])
+
+
+def _start_on_node(job: LocalServeJob, registry: NodeRegistry, node: int, kind: str,
+                   module_args: list[str]) -> RayServer | None:
+    """``python -m MODULE ARGS`` in a Ray actor pinned to ``node`` (one device of the job's
+    type there); None when the node left the cluster (a later allocation places it)."""
+    host = registry.get(node)
+    if host is None or job.target is None or host.device_type != job.target.device_type:
+        return None
+    job.log_dir.mkdir(parents=True, exist_ok=True)
+    job._seq += 1
+    name = f"{kind}-{job._seq}"
+    log_path = job.log_dir / f"{name}.log"
+    threads = str(job.settings.pool.threads_per_slot)
+    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"}
+    header = (f"=== shoal: {job.name} {name} on {host.device_type}, "
+              f"{time.strftime('%H:%M:%S')} === Ray node {host.ray_id[:8]}")
+    group = reserve([host])
+    command = ["python", "-m", *module_args]
+    [replica] = launch(group, [host], command, [env], [], _SERVER_CWD, [log_path], [header])
+    return RayServer(name, node, host.address, replica, group, log_path)

@@ -72,3 +72,16 @@ def test_a_service_on_every_interface_is_reached_at_the_driver(
     monkeypatch.setattr(connect, "driver_address", lambda: "10.0.0.9")
     assert RayBackend._reachable("http://0.0.0.0:8123") == "http://10.0.0.9:8123"
     assert RayBackend._reachable("http://127.0.0.1:8123") == "http://127.0.0.1:8123"
+
+
+def test_what_probes_measured_survives_a_service_restart(tmp_path: Path) -> None:
+    job = _job(tmp_path, None)
+    row = {"device_type": "v100", "num_nodes": 1, "num_replicas": 1, "local_bsz": 16,
+           "accum_steps": 0, "step_time": 0.1, "sync_time": 0.0, "count": 8}
+    job.model.update({"probe": True, "profile": [row]})
+    job.profiling_seconds = 12.5
+    job.persist()
+    again = _job(tmp_path, None)  # the next service's view of the same job
+    again.adopt(0.0)
+    assert again.model.probe_rows == [row] and again.profiling_seconds == 12.5
+    assert set(again.model.rows_by_type()) == {"v100"}  # not probed on v100 a second time

@@ -469,7 +469,15 @@ class LocalJob:
             "run_details": self.run_details,
             "standby": [r.to_json() for r in self.standby],
             "slot_ids": list(self.slot_ids),
+            "profiling_seconds": self.profiling_seconds,
+            "probe_rows": self.model.probe_rows,
         })
+
+    def _restore_probes(self, data: dict[str, object]) -> None:
+        """What probes measured on other device types (Ray), kept by a previous service."""
+        self.profiling_seconds = float(data.get("profiling_seconds") or 0.0)  # type: ignore[arg-type]
+        self.model.probe_rows = [r for r in data.get("probe_rows") or []  # type: ignore[union-attr]
+                                 if isinstance(r, dict) and r.get("device_type")]
 
     def adopt(self, now: float) -> None:
         """Pick up the replicas a previous service started (they outlive it)."""
@@ -480,6 +488,7 @@ class LocalJob:
         self.device_seconds = float(data.get("device_seconds", 0.0) or 0.0)  # type: ignore[arg-type]
         self.runs = [(float(t), int(n)) for t, n in data.get("runs", [])]  # type: ignore[union-attr]
         self.run_details = list(data.get("run_details") or [])  # type: ignore[call-overload]
+        self._restore_probes(data)
         for stale in data.get("standby") or []:  # type: ignore[union-attr]
             # A resize was being pre-warmed: those processes have trained nothing; the new
             # service decides afresh.

@@ -193,6 +193,7 @@ class RayJob(LocalJob):
         self.resizes = int(data.get("resizes") or 0)
         self.device_seconds = float(data.get("device_seconds") or 0.0)
         self.runs = [(float(t), int(n)) for t, n in data.get("runs", [])]
+        self._restore_probes(data)
         alloc = data.get("allocation")
         if alloc:
             self.running_allocation = Allocation(str(alloc[0]), tuple(int(n) for n in alloc[1]))

@@ -8,7 +8,9 @@ backlog in seconds of input (``backlog / rate``), as in the simulator's fluid mo
 Workers pull: ``POST /take {"max": n}`` leases the oldest unleased samples (``first``,
 ``count``; count 0 when none has arrived), ``POST /done {"lease": id}`` marks them processed.
 A lease not done within ``--lease`` seconds (its worker stopped or died) goes back to the queue,
-so no sample is lost to a resize. ``GET /stats`` has ``arrived``, ``processed``, ``backlog``,
+so no sample is lost to a resize. A source started again after a crash takes ``--processed``,
+the count its job last read: the samples before it count as done, the rest are handed out again
+(at least once). ``GET /stats`` has ``arrived``, ``processed``, ``backlog``,
 ``input_rate`` (the rate now), ``lag_s`` and ``leased``.
 
 Run: ``python -m shoal.serve.stream_source --rate 200 [--step 60:400 ...] --origin UNIX_S``.
@@ -157,9 +159,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="unix seconds the stream started (default: now)")
     parser.add_argument("--lease", type=float, default=10.0,
                         help="seconds a worker has to finish what it took")
+    parser.add_argument("--processed", type=int, default=0,
+                        help="samples an earlier source of this stream had processed")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     queue = StreamQueue(args.rate, sorted(args.step, key=lambda s: s.at_s),
-                        time.time() if args.origin is None else args.origin, args.lease)
+                        time.time() if args.origin is None else args.origin, args.lease,
+                        next_index=args.processed, processed=args.processed)
     serve_app(create_app(queue), args.host, args.port)
 
 

@@ -42,3 +42,12 @@ def test_leases_hand_out_arrived_samples_once_and_expired_ones_again() -> None:
     again = queue.take(5)
     assert again[1:] == (8, 5) and queue.take(100)[1:] == (13, 7)
     assert queue.take(100)[1:] == (20, 60)  # then the ones that arrived meanwhile
+
+
+def test_a_restarted_source_resumes_after_what_was_processed() -> None:
+    clock = Clock()
+    queue = StreamQueue(10.0, [], origin=clock.now - 5.0, clock=clock, next_index=30,
+                        processed=30)
+    stats = queue.stats()
+    assert (stats["arrived"], stats["processed"], stats["backlog"]) == (50, 30, 20)
+    assert queue.take(100)[1:] == (30, 20)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -231,6 +233,14 @@ def test_a_stream_job_runs_workers_that_keep_up_as_its_input_rate_steps_up(
         assert job["state"] == "running" and job["allocation"]["replicas"] == 2
         workers = sorted(p.name for p in (service.home / "logs" / "clicks").glob("worker-*"))
         assert len(workers) >= 2, workers  # one per device granted (more after a shrink)
+        # The source dies: a new one resumes from the count last read, with new workers.
+        before = _service_of(service, "clicks")
+        os.kill(before["pids"][0], signal.SIGKILL)
+        wait_until(lambda: (_service_of(service, "clicks").get("url") or before["url"])
+                   != before["url"] and _service_of(service, "clicks")["replicas"] == 2
+                   and _service_of(service, "clicks")["processed"] > before["processed"], 60,
+                   "a new source and workers", service.diagnostics)
+        assert _service_of(service, "clicks")["lag_s"] < 5.0
         pids = _service_of(service, "clicks")["pids"]
         assert len(pids) == 3  # the source and two workers
         service.http.post(f"{service.url}/api/jobs/clicks/cancel").raise_for_status()

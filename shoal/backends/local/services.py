@@ -398,10 +398,15 @@ class LocalStreamJob(LocalServeJob):
             return
         stream = self.spec.stream
         assert stream is not None
+        for worker in self.replicas:  # they pull from a source that is gone: start afresh
+            worker.stop()
+        self.replicas = []
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._seq += 1
+        # A source that died resumes from the count last read from it (at least once).
         args = ["--host", self.settings.router_host, "--port", "0",
-                "--rate", str(stream.input_rate), "--origin", str(self.spec.submit_time)]
+                "--rate", str(stream.input_rate), "--origin", str(self.spec.submit_time),
+                "--processed", str(int(self.metrics.get("processed") or 0))]
         for step in stream.steps:
             args += ["--step", f"{step.at_s}:{step.rate}"]
         self.router = start_process(f"source-{self._seq}", "shoal.serve.stream_source", args,

@@ -142,7 +142,8 @@ class Runner:
             log.info("recovered %s as %s (%s)", spec.name, record.state, job.phase)
 
     def _recover_service(self, record: JobRecord, summary: dict[str, Any]) -> None:
-        """A service starts afresh: stop what the old service left running, admit it again."""
+        """A service starts afresh: stop what the old service left running, admit it again (a
+        stream job resumes at the count of samples it had processed)."""
         for pid in (summary.get("service") or {}).get("pids") or []:
             _stop_leftover(int(pid))
         record.allocation = None
@@ -153,6 +154,9 @@ class Runner:
             record.failure, record.finish_time = f"rejected after restart: {exc}", now
             record.transition(JobState.FAILED, now, self.scheduler.events, record.failure)
             return
+        service = self._service(record.name)
+        if service is not None:
+            service.resume(summary.get("service") or {})
         if record.state != JobState.PENDING:
             record.transition(JobState.PENDING, self.backend.now(), self.scheduler.events,
                               "service restarted")

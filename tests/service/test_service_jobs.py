@@ -241,6 +241,20 @@ def test_a_stream_job_runs_workers_that_keep_up_as_its_input_rate_steps_up(
                    and _service_of(service, "clicks")["processed"] > before["processed"], 60,
                    "a new source and workers", service.diagnostics)
         assert _service_of(service, "clicks")["lag_s"] < 5.0
+        # A killed service: the next one stops the old processes and resumes the stream at the
+        # count it had stored (started over, it would hand out every sample since submission).
+        before = _service_of(service, "clicks")
+        service.kill()
+        service.start()
+        wait_until(lambda: not any(_alive(p) for p in before["pids"]), 30,
+                   "the old processes to stop", service.diagnostics)
+        wait_until(lambda: (_service_of(service, "clicks").get("url") or before["url"])
+                   != before["url"], 60, "the restarted stream's source", service.diagnostics)
+        resumed = httpx.get(f"{_service_of(service, 'clicks')['url']}/stats", timeout=5.0).json()
+        assert resumed["processed"] >= before["processed"] > 1000, (resumed, before)
+        wait_until(lambda: _service_of(service, "clicks").get("replicas") == 2
+                   and (_service_of(service, "clicks").get("lag_s") or 99.0) < 2.0, 60,
+                   "the restarted stream keeping up again", service.diagnostics)
         pids = _service_of(service, "clicks")["pids"]
         assert len(pids) == 3  # the source and two workers
         service.http.post(f"{service.url}/api/jobs/clicks/cancel").raise_for_status()

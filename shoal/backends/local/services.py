@@ -187,6 +187,10 @@ class LocalServeJob:
             service.stop()
         self.router, self.replicas, self.routed = None, [], []
 
+    def resume(self, metrics: dict[str, Any]) -> None:
+        """Take over what a previous service measured (``metrics`` from its stored record).
+        A serve job keeps nothing: its counters start afresh behind a new router."""
+
     def _release_devices(self) -> None:
         """No devices granted: stop every process (a router without replicas serves nothing)."""
         if self.replicas or self.router:
@@ -412,6 +416,12 @@ class LocalStreamJob(LocalServeJob):
         self.router = start_process(f"source-{self._seq}", "shoal.serve.stream_source", args,
                                     self.log_dir)
         self.router.host = announced_host(self.settings)
+
+    def resume(self, metrics: dict[str, Any]) -> None:
+        """The stream goes on where a previous service left it: its new source starts at the
+        processed count that service stored (what came after is processed again)."""
+        self.metrics["processed"] = int(metrics.get("processed") or 0)
+        self.max_lag_s = float(metrics.get("max_lag_s") or 0.0)
 
     def _release_devices(self) -> None:
         """No devices granted: stop the workers; the source keeps the input arriving (and the

@@ -4,11 +4,12 @@ HTTP handlers and the round loop both call into :class:`Runner`; every call take
 so the core sees one caller at a time. Each round persists what changed; a restarted service
 rebuilds its records from the store and re-adopts the replicas that outlived the old one.
 
-Serve jobs (``kind: serve``, the built-in model on the local backend) need no ``command``: the
-backend runs model servers and a router for them. Their records carry service metrics
-(``service``: replicas, arrival rate, SLO attainment, p99 latency, URL) instead of training
-progress, and no JCT: a service's lifetime is not a completion time. They keep no state, so a
-restarted service starts them afresh (and stops processes the old one left behind).
+Serve and stream jobs need no ``command``: the backend runs model servers and a router, or a
+stream source and workers, for them. Their records carry service metrics (``service``:
+replicas, arrival rate, SLO attainment, p99 latency, URL; for streams input rate, backlog, lag,
+processed) instead of training progress, and no JCT: a service's lifetime is not a completion
+time. A restarted service starts them afresh (and stops processes the old one left behind); a
+stream resumes at the processed count the old one stored.
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ class Runner:
                                 "runs on the local backend (shoal up --backend local)",
                                 field="kind")
             if spec.command:
-                raise SpecError(f"a {spec.kind} job runs the built-in model server, not a "
+                raise SpecError(f"a {spec.kind} job runs shoal's built-in model, not a "
                                 "program: remove command", field="command")
             self.backend.check_service(spec)
             return

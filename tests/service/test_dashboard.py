@@ -160,3 +160,36 @@ def test_dashboard_follows_jobs_live(browser: Any, service: Service, tmp_path: P
     assert int(page.locator("#status").get_attribute("data-polls") or 0) > 2
     assert not errors, errors
 
+
+
+STREAM_YAML = """name: feed
+kind: stream
+stream: {input_rate: 40, throughput: {cpu: 80, gpu: 80}, max_lag_s: 5, max_replicas: 1}
+"""
+
+
+@pytest.mark.slow
+def test_dashboard_shows_a_streams_rate_and_lag_instead_of_progress(
+        browser: Any, tmp_path: Path) -> None:
+    with running_service(tmp_path / "home", slots=1, interval=0.5) as service:
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+        assert service.submit(STREAM_YAML).status_code == 201
+        page.goto(f"{service.url}/?interval=500")
+        line = page.locator('#jobs tr[data-job="feed"] .service-line')
+        line.wait_for(timeout=WAIT_MS)
+        page.wait_for_function(  # measured: a rate near the declared 40 samples/s and a lag
+            "() => /^(3\\d|4\\d)\\.\\d samples\\/s · lag \\d+\\.\\d s$/.test(document"
+            ".querySelector('#jobs tr[data-job=\"feed\"] .service-line').textContent)",
+            timeout=WAIT_MS)
+        assert page.locator('#jobs tr[data-job="feed"] .bar').count() == 0
+        page.locator('#jobs tr[data-job="feed"]').click()
+        facts = page.locator("#detail-service")
+        facts.wait_for(timeout=WAIT_MS)
+        text = facts.inner_text()
+        for label in ("input rate", "processed", "lag", "lag bound"):
+            assert label in text, text
+        assert "5.00 s" in text  # the bound
+        service.http.post(f"{service.url}/api/jobs/feed/cancel").raise_for_status()
+        assert not errors, errors

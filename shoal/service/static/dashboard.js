@@ -133,6 +133,47 @@
     document.getElementById("nodes").replaceChildren(...cards, legend);
   }
 
+  // ----- services: what a serve or stream job measures instead of training progress -----
+  function isService(job) {
+    return job.kind === "serve" || job.kind === "stream";
+  }
+
+  function serviceLine(job) {
+    const svc = job.service || {};
+    if (job.kind === "stream") {
+      const lag = svc.lag_s === null || svc.lag_s === undefined ? "—" : `${svc.lag_s.toFixed(1)} s`;
+      return `${number(svc.input_rate, 1)} samples/s · lag ${lag}`;
+    }
+    const slo = svc.slo_attainment === null || svc.slo_attainment === undefined ? "—"
+      : `${(svc.slo_attainment * 100).toFixed(1)}%`;
+    return `${number(svc.arrival_rate, 1)} req/s · SLO ${slo}`;
+  }
+
+  function serviceFacts(job) {
+    const svc = job.service || {};
+    const seconds = (v) => (v === null || v === undefined ? null : `${v.toFixed(2)} s`);
+    const common = [["URL", svc.url || "—"], ["replicas ready", svc.replicas ?? 0]];
+    if (job.kind === "stream") {
+      return common.concat([
+        ["input rate", `${number(svc.input_rate, 1)} samples/s`],
+        ["processed", svc.processed ?? 0],
+        ["backlog", svc.backlog === null || svc.backlog === undefined ? null
+          : `${number(svc.backlog)} samples`],
+        ["lag", seconds(svc.lag_s)],
+        ["largest lag", seconds(svc.max_lag_s)],
+        ["lag bound", seconds(svc.lag_bound_s)],
+      ]);
+    }
+    return common.concat([
+      ["arrival rate", `${number(svc.arrival_rate, 1)} req/s`],
+      ["requests answered", svc.requests ?? 0],
+      ["SLO", seconds(svc.slo_s)],
+      ["SLO attainment", svc.slo_attainment === null || svc.slo_attainment === undefined ? null
+        : `${(svc.slo_attainment * 100).toFixed(2)}%`],
+      ["p99 latency", seconds(svc.p99_latency_s)],
+    ]);
+  }
+
   // ----- jobs -----
   function renderJobs() {
     const tbody = document.querySelector("#jobs tbody");
@@ -149,10 +190,11 @@
       el("td", {}, job.tenant || "—"),
       el("td", { class: "state-cell" }, stateBadge(job.state)),
       el("td", { class: "allocation" }, allocationText(job.allocation)),
-      el("td", { class: "num" }, job.batch_size ?? "—"),
-      el("td", {}, progressBar(job.progress)),
-      el("td", { class: "num" }, `${goodput} / ${throughput}`),
-      el("td", { class: "num" }, done ? "—" : duration(job.eta_seconds)),
+      el("td", { class: "num" }, isService(job) ? "—" : job.batch_size ?? "—"),
+      el("td", {}, isService(job) ? el("span", { class: "service-line" }, serviceLine(job))
+        : progressBar(job.progress)),
+      el("td", { class: "num" }, isService(job) ? "—" : `${goodput} / ${throughput}`),
+      el("td", { class: "num" }, done || isService(job) ? "—" : duration(job.eta_seconds)),
       el("td", { class: "num" }, job.num_restarts ?? 0));
     });
     tbody.replaceChildren(...rows);
@@ -229,6 +271,10 @@
     parts.push(el("h3", {}, "Why it holds what it holds"),
       el("div", { class: "why", id: "detail-why" },
         latest || "no scheduling decision recorded for this job yet"));
+    if (isService(job)) {
+      parts.push(el("h3", {}, job.kind === "stream" ? "Stream" : "Serving"),
+        el("div", { id: "detail-service" }, kv(serviceFacts(job))));
+    }
     parts.push(el("h3", {}, "Now"), kv([
       ["allocation", allocationText(job.allocation)],
       ["application", job.application],

@@ -133,9 +133,11 @@ def test_a_job_that_may_use_every_type_is_probed_on_the_types_it_is_not_placed_o
     ran_on = {dtype for _, _, dtype, _, _ in placements(service, "probed")}
     probe_logs = {path.name for path in (service.home / "logs" / "probed").glob("probe-*.log")}
     probed = {name[len("probe-"):-len(".log")] for name in probe_logs}
-    # Each type it did not run on was probed (a job waiting for its first round may also be
-    # probed on the type it then runs on), and each probe measured its steps.
+    # Once placed, it was probed on every type it did not run on, never on the type of its
+    # first placement (its own run measures that one), and each probe measured its steps.
+    first_type = placements(service, "probed")[0][2]
     assert {"cpu", "fast", "slow"} - ran_on <= probed, (probed, ran_on)
+    assert first_type not in probed, (first_type, probed)
     for dtype in probed:
         text = (service.home / "logs" / "probed" / f"probe-{dtype}.log").read_text()
         assert f"probe of 10 steps on {dtype}" in text and "probe of 10 steps done" in text, text

@@ -12,10 +12,9 @@ type is predicted from the ratio of peak rates, as before.
 
 A probe only takes a device no job's allocation holds, and a job placed on that device starts
 when the probe ends (its placement group waits; a probe lasts a start-up and a few steps, and
-is stopped after ``PROBE_TIMEOUT_S``). Each type is probed at most once per job, and not a
-type the job is placed on at the time (it measures that one itself; a job still waiting for
-its first placement is probed on every type with a free device). Probe device time is the
-job's ``profiling_seconds``.
+is stopped after ``PROBE_TIMEOUT_S``). Each type is probed at most once per job, once the job
+has been placed, and not on a type it is placed on at the time (it measures that one itself).
+Probe device time is the job's ``profiling_seconds``.
 """
 
 from __future__ import annotations
@@ -95,6 +94,8 @@ class Prober:
         if len(allowed) < 2:
             return []
         placed = {a.device_type for a in (job.target, job.running_allocation) if a is not None}
+        if not placed:
+            return []  # placed first: the type it gets is measured by its own run
         known = set(job.model.rows_by_type()) | self.tried.get(job.name, set()) | placed
         return [t for t in allowed if t not in known]
 

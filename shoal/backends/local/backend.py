@@ -15,7 +15,8 @@ from typing import Any
 from shoal.backends.local.devices import DevicePool
 from shoal.backends.local.job import LocalJob, Phase, RunSettings
 from shoal.backends.local.model import JobModel
-from shoal.backends.local.services import LocalServeJob, LocalStreamJob, check_service_spec
+from shoal.backends.local.services import LocalServeJob, check_service_spec
+from shoal.backends.local.streams import LocalStreamJob
 from shoal.core.planned_jobs import PlannedAdmission, admit_model
 from shoal.core.types import Change, ClusterState, JobLimits, JobStatus
 from shoal.spec.cluster import ClusterSpec, NodeGroup, NodeInfo

@@ -6,7 +6,7 @@ measurement, SLO scoring, resizes), with each model server started by a Ray acto
 one-bundle placement group pinned to the node the scheduler chose, listening on that node's
 address. The router stays a process on the service's machine and forwards to the servers over
 the network. A server dies with its actor, which the service owns. Stream jobs
-(:class:`~shoal.backends.local.services.LocalStreamJob`) run their workers the same way and
+(:class:`~shoal.backends.local.streams.LocalStreamJob`) run their workers the same way and
 keep their stream source on the service's machine.
 """
 
@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shoal.backends.local.services import LocalServeJob, LocalStreamJob
+from shoal.backends.local.services import LocalServeJob
+from shoal.backends.local.streams import LocalStreamJob
 from shoal.backends.ray.nodes import NodeRegistry
 from shoal.backends.ray.replicas import RayReplica, launch, release, reserve
 

@@ -20,7 +20,7 @@ from shoal.metrics.report import summarize
 from shoal.policy import make_policy
 from shoal.serve.wire import example_tokens
 from shoal.spec import JobSpec, parse_cluster, parse_job
-from tests.service.helpers import Service, running_service, wait_until
+from tests.service.helpers import REPO, Service, running_service, wait_until
 
 # The built-in model; one replica at most, planned at 50 ms per request (either device type).
 SERVE_YAML = """name: web
@@ -261,3 +261,17 @@ def test_a_stream_job_runs_workers_that_keep_up_as_its_input_rate_steps_up(
         assert service.job("clicks")["state"] == "failed"  # cancelled by its user
         assert not any(_alive(p) for p in pids)
         assert _service_of(service, "clicks")["url"] is None
+
+
+@pytest.mark.parametrize(("name", "kind"), [("web", "serve"), ("clicks", "stream")])
+def test_the_service_examples_are_jobs_this_machine_accepts(name: str, kind: str,
+                                                            tmp_path: Path) -> None:
+    from shoal.backends.local.backend import LocalBackend
+    from shoal.spec import load_job_yaml
+
+    path = REPO / "examples" / "services" / f"{name}.yaml"
+    spec = load_job_yaml(path.read_text(), str(path))
+    assert spec.name == name and spec.kind == kind and not spec.command
+    backend = LocalBackend(RunSettings(home=tmp_path, pool=DevicePool("cpu", 2, 1)))
+    limits = backend.admit(spec)  # checks model, profiles and types; starts nothing
+    assert limits.max_replicas == 2 and backend.services[name].router is None

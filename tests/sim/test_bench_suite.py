@@ -26,3 +26,15 @@ def test_each_benchmark_script_accepts_its_output_option():
         assert bench.json_flag in options, (bench.name, sorted(options))
         given = {arg for arg in bench.args if arg.startswith("--")}
         assert given <= options, (bench.name, given - options)
+
+
+def test_the_policy_variants_patch_applies_to_this_source():
+    """docs/scheduling.md tells readers to `git apply` it to reproduce the variants tried."""
+    import shutil
+    import subprocess
+
+    git = shutil.which("git")
+    assert git, "git is needed to apply bench/policy_variants.patch"
+    done = subprocess.run([git, "apply", "--check", str(BENCH / "policy_variants.patch")],
+                          cwd=BENCH.parent, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -2,6 +2,8 @@
 
 import importlib.util
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -29,10 +31,8 @@ def test_each_benchmark_script_accepts_its_output_option():
 
 
 def test_the_policy_variants_patch_applies_to_this_source():
-    """docs/scheduling.md tells readers to `git apply` it to reproduce the variants tried."""
-    import shutil
-    import subprocess
-
+    """docs/scheduling.md tells readers to `git apply` it to reproduce the variants tried
+    (checked against the working tree, so local edits of the policy can make this fail)."""
     git = shutil.which("git")
     assert git, "git is needed to apply bench/policy_variants.patch"
     done = subprocess.run([git, "apply", "--check", str(BENCH / "policy_variants.patch")],

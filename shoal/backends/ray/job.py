@@ -98,12 +98,20 @@ class RayJob(LocalJob):
 
     # ----- the local life cycle, on Ray -----
     @property
+    def awaiting_group(self) -> bool:
+        """Placed but not started: Ray has not granted the placement group yet (typically the
+        devices' previous holder's group is still being removed)."""
+        return self.phase == Phase.IDLE and self.target is not None and not self.cancelled
+
+    @property
     def watch_between_rounds(self) -> bool:
-        """In transition, or running and not looked at for ``_WATCH_EVERY_S``: so the service
-        sees a job end (and a policy deciding at completions hands its devices out) within
-        about a second, not at the next round."""
+        """In transition, waiting for its placement group, or running and not looked at for
+        ``_WATCH_EVERY_S``: so the service sees a job end (and a policy deciding at
+        completions hands its devices out) within about a second, and a job placed on devices
+        Ray is still freeing starts as soon as they are free, not at the next round."""
         due = time.time() - self._last_tick >= _WATCH_EVERY_S
-        return self.in_transition or (self.phase == Phase.RUNNING and due)
+        waiting = self.awaiting_group and due
+        return self.in_transition or waiting or (self.phase == Phase.RUNNING and due)
 
     def tick(self, now: float) -> None:
         if self.phase == Phase.IDLE and (self.target is None or self.cancelled):

@@ -23,9 +23,10 @@ from rich.table import Table
 from rich.text import Text
 
 from shoal.cli.views import cluster_line, jobs_table
-from shoal.policy.registry import POLICIES
+from shoal.policy.registry import POLICIES, tuned_policy
 from shoal.service import replay, report
 from shoal.service.launch import start_background, stop
+from shoal.spec.errors import SpecError
 from shoal.spec.job import load_job_yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,7 +52,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="ray: run the jobs on a Ray cluster (see docs/ray.md)")
     parser.add_argument("--address", default=None,
                         help="ray: the cluster to join (default: start a one-node cluster)")
-    return parser.parse_args(argv)
+    parser.add_argument("--knob", action="append", default=[], metavar="KEY=VALUE",
+                        help="change a knob of the shoal policy (repeatable)")
+    args = parser.parse_args(argv)
+    try:
+        tuned_policy(args.policy, args.knob)
+    except SpecError as exc:
+        parser.error(str(exc))
+    return args
 
 
 def _summary_table(summary: dict) -> Table:
@@ -102,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     ray_options = {} if args.backend == "local" else {"backend": "ray", "address": args.address}
     url, _ = start_background(home, policy=args.policy, slots=args.slots, cores_per_slot=1,
                               interval=args.interval, checkpoint_interval=30.0,
-                              restart_delay=30.0, **ray_options)
+                              restart_delay=30.0, knob=args.knob, **ray_options)
     http = httpx.Client(base_url=url, timeout=30)
     try:
         summary, jobs, cluster = _drive(console, http, files, args)

@@ -45,14 +45,13 @@ def run_one(task: dict[str, Any]) -> dict[str, Any]:
     from shoal.backends.sim.profile import ProfileLibrary
     from shoal.backends.sim.run import simulate
     from shoal.metrics.report import summarize
-    from shoal.policy import make_policy
-    from shoal.policy.shoal import ShoalPolicy
+    from shoal.policy.registry import tuned_policy
     from shoal.spec import load_cluster, load_workload_csv
 
     jobs = load_workload_csv(task["workload"])
-    policy = make_policy(task["policy"])
-    if task.get("knobs") and isinstance(policy, ShoalPolicy):
-        policy = policy.tuned(**task["knobs"])
+    knobs = task.get("knobs") or {}
+    name = task["policy"]
+    policy = tuned_policy(name, knobs if name.startswith("shoal") else {})
     result = simulate(
         jobs,
         policy,

@@ -5,9 +5,10 @@ from __future__ import annotations
 import click
 
 from shoal.cli.client import home_option
-from shoal.policy.registry import POLICIES
+from shoal.policy.registry import POLICIES, tuned_policy
 from shoal.service.config import shoal_home
 from shoal.service.launch import LaunchError, choose_port, running_url, start_background
+from shoal.spec.errors import SpecError
 
 
 @click.command("up")
@@ -38,6 +39,11 @@ from shoal.service.launch import LaunchError, choose_port, running_url, start_ba
 @click.option("--checkpoint-dir", default=None,
               help="ray: where jobs checkpoint; a path every node can read (default "
                    "HOME/checkpoints).")
+@click.option("--restart-delay", type=float, default=10.0, show_default=True,
+              help="Seconds the policy charges for one restart (checkpoint, restore, warm-up).")
+@click.option("--knob", "knobs", multiple=True, metavar="KEY=VALUE",
+              help="Change a knob of the shoal policy (ShoalKnobs), e.g. alpha=0.8; "
+                   "repeatable.")
 @click.option("--host", default=None,
               help="Interface the API listens on (default 127.0.0.1; 0.0.0.0 lets replicas "
                    "on other machines report).")
@@ -46,11 +52,15 @@ def up_command(home: str | None, port: int | None, policy: str, interval: float,
                device: str | None, slots: int | None, cores_per_slot: int | None,
                slot_memory_gb: float | None, db_url: str | None, checkpoint_interval: float,
                backend: str,
-               address: str | None, checkpoint_dir: str | None, host: str | None,
-               foreground: bool) -> None:
+               address: str | None, checkpoint_dir: str | None, restart_delay: float,
+               knobs: tuple[str, ...], host: str | None, foreground: bool) -> None:
     """Start the scheduler service (returns once its API answers)."""
     if backend == "local" and (address or checkpoint_dir):
         raise click.UsageError("--address and --checkpoint-dir apply to --backend ray")
+    try:
+        tuned_policy(policy, knobs, restart_delay)  # a bad knob fails here, not in the log
+    except SpecError as exc:
+        raise click.UsageError(str(exc)) from exc
     folder = shoal_home(home)
     url = running_url(folder)
     if url:
@@ -59,7 +69,8 @@ def up_command(home: str | None, port: int | None, policy: str, interval: float,
     options = {"policy": policy, "interval": interval, "device": device, "slots": slots,
                "cores_per_slot": cores_per_slot, "slot_memory_gb": slot_memory_gb,
                "db_url": db_url,
-               "checkpoint_interval": checkpoint_interval}
+               "checkpoint_interval": checkpoint_interval, "restart_delay": restart_delay,
+               "knob": list(knobs)}
     if backend != "local":
         options.update(backend=backend, address=address, checkpoint_dir=checkpoint_dir)
     if host:

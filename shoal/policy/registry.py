@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from shoal.core.types import Policy
+from shoal.spec.errors import SpecError
 
 
 def _fifo() -> Policy:
@@ -85,3 +86,36 @@ def make_policy(name: str) -> Policy:
     except KeyError:
         raise ValueError(f"unknown policy '{name}'; choose from {', '.join(POLICIES)}") from None
     return factory()
+
+
+def tuned_policy(name: str, knobs: Sequence[str] | Mapping[str, object] = (),
+                 restart_delay: float | None = None) -> Policy:
+    """The policy ``name`` as a service or replay runs it: charging ``restart_delay`` seconds
+    per restart (where the policy charges restarts) and with shoal knobs changed.
+
+    ``knobs`` are ``KEY=VALUE`` strings (checked as :class:`~shoal.policy.shoal.ShoalKnobs`)
+    or already converted values; they win over ``restart_delay`` when both set it. They apply
+    to the shoal policies only: a SpecError says so for any other policy.
+    """
+    from shoal.policy.shoal import ShoalKnobs, ShoalPolicy
+
+    if name not in POLICIES:
+        raise SpecError(f"unknown policy '{name}'; choose from {', '.join(POLICIES)}",
+                        field="policy")
+    policy = make_policy(name)
+    if restart_delay is not None and hasattr(policy, "restart_delay"):
+        policy.restart_delay = restart_delay
+    overrides = dict(knobs) if isinstance(knobs, Mapping) else ShoalKnobs.overrides(knobs)
+    if overrides:
+        if not isinstance(policy, ShoalPolicy):
+            raise SpecError(f"knobs tune the shoal policies, not '{name}'; drop the knobs or "
+                            "choose shoal", field="knob")
+        policy = policy.tuned(**overrides)
+    return policy
+
+
+def policy_knobs(policy: Policy) -> dict[str, object]:
+    """The shoal knobs ``policy`` runs with that differ from the defaults ({} for others)."""
+    from shoal.policy.shoal import ShoalPolicy
+
+    return policy.knobs.changed() if isinstance(policy, ShoalPolicy) else {}

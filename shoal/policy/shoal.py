@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, get_args, get_origin, get_type_hints
 
 import numpy as np
@@ -133,6 +133,12 @@ class ShoalKnobs:
             raise SpecError(f"knob {where}: {error['msg']}", field="knob") from None
         return {key: getattr(knobs, key) for key in raw}
 
+    def changed(self) -> dict[str, object]:
+        """The knobs that differ from their defaults (what a run must repeat to be replayed)."""
+        defaults = type(self)()
+        return {key: value for key, value in self.__dict__.items()
+                if value != getattr(defaults, key)}
+
 
 # The allowed values of the knobs typed as a Literal, checked on construction too (a plain
 # dataclass does not enforce its annotations).
@@ -153,6 +159,16 @@ class ShoalPolicy:
         self.decides_on_completion = knobs.on_completion
         self._waiting_since: dict[str, float] = {}
         self.last_status = ""
+
+    @property
+    def restart_delay(self) -> float:
+        """Seconds one restart is charged (the ``restart_delay`` knob); settable like the other
+        policies' attribute, so a service's ``--restart-delay`` applies here too."""
+        return self.knobs.restart_delay
+
+    @restart_delay.setter
+    def restart_delay(self, seconds: float) -> None:
+        self.knobs = replace(self.knobs, restart_delay=float(seconds))
 
     def tuned(self, **overrides: object) -> ShoalPolicy:
         """This policy (same name) with some knobs changed."""

@@ -33,6 +33,8 @@ def parse_args(argv: list[str]) -> ServiceConfig:
     parser.add_argument("--backoff", type=float, default=2.0)
     parser.add_argument("--checkpoint-interval", type=float, default=30.0)
     parser.add_argument("--restart-delay", type=float, default=10.0)
+    parser.add_argument("--knob", action="append", default=[], metavar="KEY=VALUE",
+                        help="change a knob of the shoal policy (repeatable)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--backend", choices=["local", "ray"], default="local")
     parser.add_argument("--address", default=None)
@@ -52,6 +54,7 @@ def parse_args(argv: list[str]) -> ServiceConfig:
         backoff_s=args.backoff,
         checkpoint_interval_s=args.checkpoint_interval,
         restart_delay_s=args.restart_delay,
+        knobs=tuple(args.knob),
         host=args.host,
         backend=args.backend,
         ray_address=args.address,

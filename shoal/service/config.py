@@ -30,6 +30,7 @@ class ServiceConfig:
     backoff_s: float = 2.0
     checkpoint_interval_s: float = 30.0
     restart_delay_s: float = 10.0  # what the policy charges for one restart
+    knobs: tuple[str, ...] = ()  # KEY=VALUE changes to the shoal policy's knobs
     backend: str = "local"  # local or ray
     ray_address: str | None = None  # ray: the cluster to join (default: start a local one)
     checkpoint_dir: Path | None = None  # ray: checkpoints, on a path every node can read

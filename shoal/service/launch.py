@@ -61,8 +61,10 @@ def running_url(home: Path) -> str | None:
 def service_command(home: Path, port: int, options: dict[str, object]) -> list[str]:
     command = [sys.executable, "-m", "shoal.service", "--home", str(home), "--port", str(port)]
     for key, value in options.items():
-        if value is not None:
-            command += [f"--{key.replace('_', '-')}", str(value)]
+        values = value if isinstance(value, list | tuple) else [value]
+        for item in values:
+            if item is not None:
+                command += [f"--{key.replace('_', '-')}", str(item)]
     return command
 
 

@@ -64,6 +64,7 @@ class MeasuredRun:
     interval_s: float
     policy_restart_delay: float | None
     costs: RestartCosts
+    policy_knobs: dict[str, Any] = field(default_factory=dict)  # shoal knobs the run changed
     real_jct: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -75,6 +76,7 @@ class MeasuredRun:
             "policy": self.policy,
             "interval_s": self.interval_s,
             "policy_restart_delay": self.policy_restart_delay,
+            "policy_knobs": self.policy_knobs,
             "costs": asdict(self.costs),
             "real_jct": self.real_jct,
             "notes": self.notes,
@@ -273,6 +275,7 @@ def export_run(jobs: list[dict[str, Any]], cluster: dict[str, Any], out: Path) -
         profiles=out, jobs=specs, cluster=simulated_cluster, policy=str(cluster["policy"]),
         interval_s=float(cluster["interval_s"]),
         policy_restart_delay=cluster.get("restart_delay_s"),
+        policy_knobs=dict(cluster.get("knobs") or {}),
         costs=restart_costs(finished), real_jct=real, notes=notes,
     )
     (out / "run.json").write_text(json.dumps(run.to_json(), indent=2))
@@ -283,11 +286,9 @@ def simulate_run(run: MeasuredRun) -> Any:
     """The run replayed by the simulator: same jobs, arrivals, policy, rounds, restart costs."""
     from shoal.backends.sim.profile import ProfileLibrary
     from shoal.backends.sim.run import simulate
-    from shoal.policy.registry import make_policy
+    from shoal.policy.registry import tuned_policy
 
-    policy = make_policy(run.policy)
-    if run.policy_restart_delay is not None and hasattr(policy, "restart_delay"):
-        policy.restart_delay = run.policy_restart_delay
+    policy = tuned_policy(run.policy, run.policy_knobs, run.policy_restart_delay)
     costs = run.costs
     return simulate(
         run.jobs, policy, run.cluster, ProfileLibrary(run.profiles),

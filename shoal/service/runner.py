@@ -32,7 +32,7 @@ from shoal.core.state import JobRecord
 from shoal.core.types import TERMINAL_STATES, Allocation, Change, JobState
 from shoal.perf.efficiency import efficiency
 from shoal.perf.planned import plan_summary
-from shoal.policy.registry import make_policy
+from shoal.policy.registry import policy_knobs, tuned_policy
 from shoal.service.config import ServiceConfig
 from shoal.service.explain import DecisionLog
 from shoal.service.store import Store
@@ -92,9 +92,7 @@ class Runner:
             self.backend = RayBackend(settings, config.ray_address)
         else:
             self.backend = LocalBackend(settings)
-        policy = make_policy(config.policy)
-        if hasattr(policy, "restart_delay"):
-            policy.restart_delay = config.restart_delay_s
+        policy = tuned_policy(config.policy, config.knobs, config.restart_delay_s)
         self.scheduler = Scheduler(policy, self.backend)
         self.workdirs: dict[str, Path] = {}
         self.seq: dict[str, int] = {}
@@ -461,6 +459,7 @@ class Runner:
                 "policy": self.scheduler.policy.name,
                 "interval_s": self.config.interval_s,
                 "restart_delay_s": getattr(self.scheduler.policy, "restart_delay", None),
+                "knobs": policy_knobs(self.scheduler.policy),
                 "rounds": len(self.scheduler.rounds),
             }
 

@@ -11,7 +11,11 @@ or a growing lag. Every round, before the training policy runs:
      ``ceil(rate / (capacity x target_utilization))``);
    - ``stream``: the fewest devices whose capacity covers ``headroom`` x the input rate plus
      draining the backlog within half the lag bound
-     (:meth:`~shoal.spec.serving.StreamSpec.devices_for`).
+     (:meth:`~shoal.spec.serving.StreamSpec.devices_for`). A device's capacity is the speed
+     the backend measured for one device of that type (``device_speed`` and ``device_type``
+     in the status: samples per busy worker-second) once there is one, else the declared
+     ``throughput``: a device slower than declared gets the job more devices at once, rather
+     than after a backlog has piled up (and fewer again once it has drained).
    The rate is the one the backend measured over its last interval (``arrival_rate`` /
    ``input_rate`` and ``backlog`` in the job's status), or the declared rate before the first
    measurement. Demand goes up at once and down only after it has stayed lower for the job's
@@ -67,6 +71,7 @@ class _Measured:
     rate: float | None = None
     backlog: float = 0.0
     below_since: float | None = None
+    per_device: dict[str, float] = field(default_factory=dict)  # device type -> samples/s
 
 
 class ServiceDemand:
@@ -86,6 +91,14 @@ class ServiceDemand:
         if rate is not None:
             measured.rate = float(rate)
         measured.backlog = float(status.extra.get("backlog", 0.0) or 0.0)
+        speed, dtype = status.extra.get("device_speed"), status.extra.get("device_type")
+        if speed is not None and dtype is not None and float(speed) > 0:
+            measured.per_device[str(dtype)] = float(speed)
+
+    def per_device(self, name: str) -> dict[str, float]:
+        """Measured samples/s of one device, per device type (stream jobs)."""
+        measured = self._measured.get(name)
+        return dict(measured.per_device) if measured is not None else {}
 
     def rate(self, view: JobView, now: float) -> float:
         """The measured rate, or the declared one before the first measurement."""
@@ -107,8 +120,13 @@ class ServiceDemand:
         if spec.kind == "serve" and spec.serve is not None:
             return spec.serve.replicas_for(device_type, rate)
         if spec.kind == "stream" and spec.stream is not None:
-            backlog = self._measured.get(view.name, _Measured()).backlog
-            return spec.stream.devices_for(device_type, rate, backlog)
+            measured = self._measured.get(view.name, _Measured())
+            stream = spec.stream
+            speed = measured.per_device.get(device_type)
+            if speed is not None:
+                stream = stream.model_copy(
+                    update={"throughput": {**stream.throughput, device_type: speed}})
+            return stream.devices_for(device_type, rate, measured.backlog)
         return None
 
     def _downscale_delay(self, spec: JobSpec) -> float:

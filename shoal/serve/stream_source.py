@@ -11,7 +11,9 @@ A lease not done within ``--lease`` seconds (its worker stopped or died) goes ba
 so no sample is lost to a resize. A source started again after a crash takes ``--processed``,
 the count its job last read: the samples before it count as done, the rest are handed out again
 (at least once). ``GET /stats`` has ``arrived``, ``processed``, ``backlog``,
-``input_rate`` (the rate now), ``lag_s`` and ``leased``.
+``input_rate`` (the rate now), ``lag_s``, ``leased``, and ``timed`` / ``busy_s``: the samples
+done by workers that reported their time on them (``/done {"lease": id, "busy_s": s}``) and
+those seconds, from which the backend measures one device's speed.
 
 Run: ``python -m shoal.serve.stream_source --rate 200 [--step 60:400 ...] --origin UNIX_S``.
 """
@@ -55,6 +57,10 @@ class StreamQueue:
     clock: Callable[[], float] = time.time
     next_index: int = 0  # the first sample never handed out
     processed: int = 0
+    # Samples done by workers that said how long they took, and those seconds: what one
+    # device processes per second while it has work (its pacing included), whatever the input.
+    timed: int = 0
+    busy_s: float = 0.0
     returned: list[tuple[int, int]] = field(default_factory=list)  # (first, count) to redo
     leases: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # id: first, n, due
     _ids: itertools.count = field(default_factory=itertools.count)
@@ -82,13 +88,17 @@ class StreamQueue:
         self.leases[lease] = (first, count, now + self.lease_s)
         return lease, first, count
 
-    def done(self, lease: int) -> bool:
-        """Mark a lease processed; False when it was unknown or had expired (redone)."""
+    def done(self, lease: int, busy_s: float | None = None) -> bool:
+        """Mark a lease processed (``busy_s``: the seconds its worker spent on it); False when
+        it was unknown or had expired (redone)."""
         self._expire()
         held = self.leases.pop(lease, None)
         if held is None:
             return False
         self.processed += held[1]
+        if busy_s is not None:
+            self.timed += held[1]
+            self.busy_s += busy_s
         return True
 
     def _expire(self) -> None:
@@ -106,7 +116,8 @@ class StreamQueue:
         backlog = arrived - self.processed
         return {"arrived": arrived, "processed": self.processed, "backlog": backlog,
                 "input_rate": rate, "lag_s": backlog / rate if rate > 0 else 0.0,
-                "leased": sum(n for _, n, _ in self.leases.values())}
+                "leased": sum(n for _, n, _ in self.leases.values()),
+                "timed": self.timed, "busy_s": self.busy_s}
 
 
 class TakeRequest(BaseModel):
@@ -115,6 +126,7 @@ class TakeRequest(BaseModel):
 
 class DoneRequest(BaseModel):
     lease: int
+    busy_s: float | None = Field(default=None, ge=0)  # the worker's time on the lease
 
 
 def create_app(queue: StreamQueue) -> FastAPI:
@@ -127,7 +139,7 @@ def create_app(queue: StreamQueue) -> FastAPI:
 
     @app.post("/done")
     def done(request: DoneRequest) -> dict[str, bool]:
-        return {"ok": queue.done(request.lease)}
+        return {"ok": queue.done(request.lease, request.busy_s)}
 
     @app.get("/stats")
     def stats() -> dict[str, float | int]:

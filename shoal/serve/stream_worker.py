@@ -4,7 +4,11 @@ tiny model, and marks them done.
 ``--samples-per-second`` is the device's processing rate (the job's ``stream.throughput`` for
 its device type): the worker runs the model on every sample it takes and then paces itself to
 that rate, so k workers process k times the declared rate, as the scheduler plans. On devices
-slower than declared the pace is the model's own and the backlog shows it. The worker prints
+slower than declared the pace is the model's own and the backlog shows it. Each ``/done``
+carries the seconds the worker spent on the lease (take, model, pacing), from which the backend
+measures what one device really processes per second. ``SHOAL_STREAM_WORKER_SPEED`` (a factor
+in (0, 1], default 1) paces the worker at that fraction of the declared rate: it stands in for
+a device slower than its job declared. The worker prints
 ``SHOAL_SERVE_PORT=0`` once its model is loaded (it listens on no port; the line says it is
 working), and ends on SIGTERM after the batch in hand (an unfinished lease returns to the
 queue after the source's lease time).
@@ -15,9 +19,11 @@ Run: ``python -m shoal.serve.stream_worker --source URL --samples-per-second 100
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 
 import httpx
 import torch
@@ -27,6 +33,22 @@ from shoal.serve.tiny_model import Predictor
 from shoal.serve.wire import example_tokens
 
 IDLE_WAIT_S = 0.02  # nothing arrived: ask again after this long
+SPEED_VARIABLE = "SHOAL_STREAM_WORKER_SPEED"
+
+
+def emulated_speed(environ: Mapping[str, str] = os.environ) -> float:
+    """The fraction of the declared rate this worker runs at (``SHOAL_STREAM_WORKER_SPEED``)."""
+    raw = environ.get(SPEED_VARIABLE, "").strip()
+    if not raw:
+        return 1.0
+    try:
+        speed = float(raw)
+    except ValueError:
+        speed = float("nan")
+    if not 0.0 < speed <= 1.0:
+        raise SystemExit(f"{SPEED_VARIABLE}={raw!r}: expected a factor in (0, 1], e.g. 0.5 "
+                         "for a device half as fast as declared")
+    return speed
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -36,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=64, help="most samples taken at once")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    rate = args.samples_per_second * emulated_speed()
     torch.set_num_threads(args.threads)
     predictor = Predictor()
     stopping = False
@@ -47,9 +70,10 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, stop)
     print(f"{READY_PREFIX}0", flush=True)
     # Take at most a quarter second of work at a time, so a new worker shares the backlog.
-    batch = max(1, min(args.batch, int(args.samples_per_second / 4) or 1))
+    batch = max(1, min(args.batch, int(rate / 4) or 1))
     with httpx.Client(base_url=args.source, timeout=10.0) as client:
         while not stopping:
+            asked = time.monotonic()
             try:
                 lease = client.post("/take", json={"max": batch}).json()
             except (httpx.HTTPError, ValueError):
@@ -61,11 +85,12 @@ def main(argv: list[str] | None = None) -> None:
             start = time.monotonic()
             predictor([example_tokens(i) for i in range(lease["first"],
                                                         lease["first"] + lease["count"])])
-            spare = lease["count"] / args.samples_per_second - (time.monotonic() - start)
+            spare = lease["count"] / rate - (time.monotonic() - start)
             if spare > 0:
                 time.sleep(spare)
             try:
-                client.post("/done", json={"lease": lease["lease"]})
+                client.post("/done", json={"lease": lease["lease"],
+                                           "busy_s": time.monotonic() - asked})
             except httpx.HTTPError:
                 time.sleep(0.5)
 

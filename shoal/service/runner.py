@@ -483,7 +483,8 @@ def _service_metrics(service: LocalServeJob) -> dict[str, Any]:
     round)."""
     metrics = service.metrics
     if service.spec.kind == "stream":
-        keys = ("input_rate", "backlog", "lag_s", "max_lag_s", "processed", "lag_bound_s")
+        keys = ("input_rate", "backlog", "lag_s", "max_lag_s", "processed", "lag_bound_s",
+                "device_type", "device_speed")
         return {"kind": "stream", "url": service.url,
                 "replicas": len(service.ready) if not service.terminal else 0,
                 **{key: metrics.get(key) for key in keys},

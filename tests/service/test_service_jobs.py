@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -263,6 +264,40 @@ def test_a_stream_job_runs_workers_that_keep_up_as_its_input_rate_steps_up(
         assert service.job("clicks")["state"] == "failed"  # cancelled by its user
         assert not any(_alive(p) for p in pids)
         assert _service_of(service, "clicks")["url"] is None
+
+
+SLOW_STREAM_YAML = """name: slow
+kind: stream
+stream:
+  input_rate: 40
+  throughput: {cpu: 80, gpu: 80}
+  max_lag_s: 5
+  max_replicas: 2
+  startup_s: 1
+  downscale_delay_s: 5
+"""
+
+
+def test_a_stream_job_on_devices_slower_than_declared_is_sized_by_their_measured_speed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Workers pace at 0.4 x 80 = 32 samples/s: one covers 40/s as declared, not as measured.
+    monkeypatch.setenv("SHOAL_STREAM_WORKER_SPEED", "0.4")
+    with running_service(tmp_path / "home", slots=2, interval=0.5) as service:
+        assert service.submit(SLOW_STREAM_YAML).status_code == 201
+        wait_until(lambda: _service_of(service, "slow").get("device_speed"), 60,
+                   "a measured device speed", service.diagnostics)
+        measured = _service_of(service, "slow")
+        assert measured["device_type"] == service.job("slow")["allocation"]["device_type"]
+        assert 24.0 < measured["device_speed"] < 34.0, measured
+        wait_until(lambda: _service_of(service, "slow").get("replicas") == 2
+                   and _service_of(service, "slow")["lag_s"] < 1.0, 60,
+                   "two workers keeping up", service.diagnostics)
+        # Caught up, the declared speed would need one worker again after the downscale delay
+        # (48 samples/s < 80); at the measured one it keeps two.
+        time.sleep(8.0)
+        after = _service_of(service, "slow")
+        assert after["replicas"] == 2 and service.job("slow")["allocation"]["replicas"] == 2
+        assert after["lag_s"] < 5.0, after
 
 
 @pytest.mark.parametrize(("name", "kind"), [("web", "serve"), ("clicks", "stream")])

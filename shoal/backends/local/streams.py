@@ -8,7 +8,6 @@ workers pull from it. See docs/serving.md, "Stream jobs on the real backends".
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +19,7 @@ from shoal.backends.local.services import (
     ServeReplica,
     announced_host,
 )
+from shoal.backends.local.stream_window import SourceSample, StreamWindow
 from shoal.core.types import JobStatus
 from shoal.serve.launch import start_process
 
@@ -29,11 +29,13 @@ class LocalStreamJob(LocalServeJob):
     """A stream job: a stream source (:mod:`shoal.serve.stream_source`, the job's URL) holding
     the input that arrives at the declared rate, and one worker
     (:mod:`shoal.serve.stream_worker`) per granted device pulling from it. Its status has the
-    measured ``input_rate`` (arrivals over the last ``RATE_WINDOW_S``), ``backlog`` and
-    ``lag_s``, which the scheduler's service demand turns into devices."""
+    measured ``input_rate`` (arrivals over the last ``RATE_WINDOW_S``), ``backlog``,
+    ``lag_s`` and, once workers have been busy long enough, ``device_speed``: the samples/s
+    one device of ``device_type`` really processes. The scheduler's service demand turns
+    them into devices (sized by the measured speed rather than the declared throughput)."""
 
     max_lag_s: float = 0.0  # the largest lag a status has seen
-    _arrivals: deque[tuple[float, int]] = field(default_factory=deque)  # (time, arrived)
+    window: StreamWindow = field(default_factory=lambda: StreamWindow(RATE_WINDOW_S))
 
     @property
     def url(self) -> str | None:
@@ -102,11 +104,12 @@ class LocalStreamJob(LocalServeJob):
         except (httpx.HTTPError, ValueError):
             return None
         self.metrics.update(stats)
-        self._arrivals.append((now, int(stats["arrived"])))
-        while len(self._arrivals) > 2 and self._arrivals[1][0] <= now - RATE_WINDOW_S:
-            self._arrivals.popleft()
-        (t0, a0), (t1, a1) = self._arrivals[0], self._arrivals[-1]
-        return (a1 - a0) / (t1 - t0) if t1 > t0 else float(stats["input_rate"])
+        self.window.add(SourceSample(
+            now, int(stats["arrived"]), int(stats.get("timed", 0)),
+            float(stats.get("busy_s", 0.0)),
+            self.target.device_type if self.target is not None and self.ready else None))
+        rate = self.window.input_rate()
+        return rate if rate is not None else float(stats["input_rate"])
 
     def status(self, now: float) -> JobStatus:
         extra: dict[str, Any] = {"running": self.url is not None and bool(self.ready),
@@ -117,6 +120,9 @@ class LocalStreamJob(LocalServeJob):
             self.max_lag_s = max(self.max_lag_s, lag)
             extra.update(input_rate=rate, backlog=float(self.metrics.get("backlog", 0)),
                          lag_s=lag, processed=int(self.metrics.get("processed", 0)))
+            speed = self.window.device_speed()
+            if speed is not None:
+                extra.update(device_type=speed[0], device_speed=speed[1])
         extra["max_lag_s"] = self.max_lag_s
         if self.terminal:
             extra.update(running=False, url=None, replicas=0)

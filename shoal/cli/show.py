@@ -105,6 +105,8 @@ def _show_service(console: Console, data: dict) -> None:
             ("backlog", number("backlog", "{:.0f} samples")),
             ("lag", f"{number('lag_s', '{:.1f} s')} (max {number('max_lag_s', '{:.1f} s')}, "
                     f"bound {number('lag_bound_s', '{:.0f} s')})"),
+            ("device speed", f"{number('device_speed', '{:.1f} samples/s')} measured on "
+                             f"{service.get('device_type') or '-'}"),
         ]
     else:
         rows += [

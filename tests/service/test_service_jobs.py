@@ -289,6 +289,9 @@ def test_a_stream_job_on_devices_slower_than_declared_is_sized_by_their_measured
         measured = _service_of(service, "slow")
         assert measured["device_type"] == service.job("slow")["allocation"]["device_type"]
         assert 24.0 < measured["device_speed"] < 34.0, measured
+        shown = CliRunner().invoke(cli, ["show", "slow", "--home", str(service.home)])
+        assert shown.exit_code == 0, shown.output
+        assert f"measured on {measured['device_type']}" in shown.output
         wait_until(lambda: _service_of(service, "slow").get("replicas") == 2
                    and _service_of(service, "slow")["lag_s"] < 1.0, 60,
                    "two workers keeping up", service.diagnostics)

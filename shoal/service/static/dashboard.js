@@ -162,6 +162,8 @@
         ["lag", seconds(svc.lag_s)],
         ["largest lag", seconds(svc.max_lag_s)],
         ["lag bound", seconds(svc.lag_bound_s)],
+        ["device speed", svc.device_speed === null || svc.device_speed === undefined ? null
+          : `${number(svc.device_speed, 1)} samples/s on ${svc.device_type}`],
       ]);
     }
     return common.concat([

@@ -36,7 +36,10 @@ extrapolation is safe, while across nodes (yolov3's slow inter-node all-reduce) 
 
 Two scheduling choices go with the objective. The restart factor charges a move
 ``restart_delay`` (default 120 s, four times the simulated checkpoint-restore), which damps
-reallocations when jobs swap ranks. And the policy asks to decide when a job arrives, not only
+reallocations when jobs swap ranks. A preemption is not charged by default: the no-allocation
+utility of a running job is the same as a waiting job's (``charge_preemption`` multiplies it
+by the job's restart factor too, since a preempted job pays the restart when it resumes;
+docs/scheduling.md has why it stays off). And the policy asks to decide when a job arrives, not only
 at the next round (``on_arrival``), since one decision takes milliseconds.
 
 Subject to: at most one configuration per job, per type the replicas and the whole nodes of
@@ -63,6 +66,7 @@ from shoal.policy.goodput_matrix import (
     goodput_rows,
     max_replicas,
     replica_bound,
+    restart_factor,
     restart_factors,
 )
 from shoal.spec.errors import SpecError
@@ -87,6 +91,8 @@ class ShoalKnobs:
     heterogeneity: bool = True
     adapt_batch: bool = True
     restart_aware: bool = True
+    # A running job's no-allocation utility pays its restart factor, like a move does.
+    charge_preemption: bool = False
     remaining_work: bool = True
     # Decide as soon as a job arrives (a decision takes milliseconds), not only every round.
     on_arrival: bool = True
@@ -246,6 +252,9 @@ class ShoalPolicy:
                 if at_most_fair.any():
                     base = goodput[at_most_fair].max()
                 idle[j] = sign * weight * (k.idle_speedup * goodput.min() / base) ** k.p
+            if k.restart_aware and k.charge_preemption and job.allocation is not None:
+                # The no-allocation speedup times the restart factor, as for a move.
+                idle[j] *= restart_factor(job, k.restart_delay) ** k.p
             speedup = goodput / base
             if k.restart_aware:
                 speedup = speedup * restart_factors(job, index, current, k.restart_delay)

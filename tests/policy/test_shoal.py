@@ -296,6 +296,34 @@ def test_a_waiting_job_gets_devices_by_the_no_starvation_bound():
     assert set(policy.decide([holder, waiting], one, 1.02 * threshold)) == {"waiting"}
 
 
+def test_charging_preemptions_keeps_a_running_job_longer_but_not_for_ever():
+    # As in the no-starvation test, with the holder's preemption charged its restart factor
+    # f = 600 / (600 + 120): the waiting job needs weight 0.1 W_w > (1.1 f^p - 1) W_h, about
+    # 2.05 W_h, instead of W_w > W_h; it still gets the device as its wait grows.
+    from dataclasses import replace
+
+    from shoal.core.types import Allocation
+    from shoal.policy.shoal import DEVICE_HOUR
+    from shoal.spec.cluster import NodeInfo
+
+    one = ClusterState((NodeInfo(0, "t4", 1),))
+    holder = replace(_view("holder", progress=0.9, attained=3600.0),
+                     allocation=Allocation("t4", (0,)), state=JobState.RUNNING)
+    waiting = _view("waiting", progress=0.1, attained=3600.0)
+    plain, charged = ShoalPolicy(), ShoalPolicy(charge_preemption=True)
+    k = plain.knobs
+    threshold = (3.0 ** (1 - k.p * k.sigma) - 1) * DEVICE_HOUR
+    for policy in (plain, charged):
+        assert set(policy.decide([holder, waiting], one, 0.0)) == {"holder"}
+    assert set(plain.decide([holder, waiting], one, 1.02 * threshold)) == {"waiting"}
+    assert set(charged.decide([holder, waiting], one, 1.02 * threshold)) == {"holder"}
+    assert set(charged.decide([holder, waiting], one, 3.0 * threshold)) == {"waiting"}
+    # Without restart awareness nothing is charged.
+    blind = ShoalPolicy(charge_preemption=True, restart_aware=False)
+    blind.decide([holder, waiting], one, 0.0)
+    assert set(blind.decide([holder, waiting], one, 1.02 * threshold)) == {"waiting"}
+
+
 def test_inexact_node_sizes_are_named_once(caplog):
     uneven = ClusterState((NodeInfo(0, "t4", 6), NodeInfo(1, "t4", 6), NodeInfo(2, "v100", 2),
                            NodeInfo(3, "v100", 4)))

@@ -72,6 +72,7 @@ from shoal.policy.goodput_matrix import (
 from shoal.spec.errors import SpecError
 
 DEVICE_HOUR = 3600.0
+_LEAST_PREEMPTION_FACTOR = 0.01  # charge_preemption: a restart factor of 0 counts as this
 
 
 @dataclass(frozen=True)
@@ -253,8 +254,10 @@ class ShoalPolicy:
                     base = goodput[at_most_fair].max()
                 idle[j] = sign * weight * (k.idle_speedup * goodput.min() / base) ** k.p
             if k.restart_aware and k.charge_preemption and job.allocation is not None:
-                # The no-allocation speedup times the restart factor, as for a move.
-                idle[j] *= restart_factor(job, k.restart_delay) ** k.p
+                # The no-allocation speedup times the restart factor, as for a move; floored,
+                # since waiting must stay a finite choice (a move with factor 0 is dropped).
+                factor = max(restart_factor(job, k.restart_delay), _LEAST_PREEMPTION_FACTOR)
+                idle[j] *= factor**k.p
             speedup = goodput / base
             if k.restart_aware:
                 speedup = speedup * restart_factors(job, index, current, k.restart_delay)

@@ -264,7 +264,8 @@ def test_a_move_that_can_never_pay_for_its_restart_is_not_chosen():
 
     stuck = replace(_view("stuck", progress=0.5, attained=600.0), num_restarts=40,
                     allocation=Allocation("t4", (0,)), state=JobState.RUNNING)
-    for policy in (ShoalPolicy(weighting="power"), ShoalPolicy(weighting="rank")):
+    for policy in (ShoalPolicy(weighting="power"), ShoalPolicy(weighting="rank"),
+                   ShoalPolicy(charge_preemption=True)):
         decision = policy.decide([stuck, _view("new")], THREE_NODES, 0.0)
         assert decision["new"].replicas > 1
         if "stuck" in decision:

@@ -95,11 +95,6 @@ class ServiceDemand:
         if speed is not None and dtype is not None and float(speed) > 0:
             measured.per_device[str(dtype)] = float(speed)
 
-    def per_device(self, name: str) -> dict[str, float]:
-        """Measured samples/s of one device, per device type (stream jobs)."""
-        measured = self._measured.get(name)
-        return dict(measured.per_device) if measured is not None else {}
-
     def rate(self, view: JobView, now: float) -> float:
         """The measured rate, or the declared one before the first measurement."""
         measured = self._measured.get(view.name)
@@ -121,12 +116,8 @@ class ServiceDemand:
             return spec.serve.replicas_for(device_type, rate)
         if spec.kind == "stream" and spec.stream is not None:
             measured = self._measured.get(view.name, _Measured())
-            stream = spec.stream
-            speed = measured.per_device.get(device_type)
-            if speed is not None:
-                stream = stream.model_copy(
-                    update={"throughput": {**stream.throughput, device_type: speed}})
-            return stream.devices_for(device_type, rate, measured.backlog)
+            return spec.stream.devices_for(device_type, rate, measured.backlog,
+                                           measured.per_device.get(device_type))
         return None
 
     def _downscale_delay(self, spec: JobSpec) -> float:

@@ -84,7 +84,8 @@ def make_policy(name: str) -> Policy:
     try:
         factory = POLICIES[name]
     except KeyError:
-        raise ValueError(f"unknown policy '{name}'; choose from {', '.join(POLICIES)}") from None
+        raise SpecError(f"unknown policy '{name}'; choose from {', '.join(POLICIES)}",
+                        field="policy") from None
     return factory()
 
 
@@ -99,9 +100,6 @@ def tuned_policy(name: str, knobs: Sequence[str] | Mapping[str, object] = (),
     """
     from shoal.policy.shoal import ShoalKnobs, ShoalPolicy
 
-    if name not in POLICIES:
-        raise SpecError(f"unknown policy '{name}'; choose from {', '.join(POLICIES)}",
-                        field="policy")
     policy = make_policy(name)
     if restart_delay is not None and hasattr(policy, "restart_delay"):
         policy.restart_delay = restart_delay

@@ -39,8 +39,8 @@ Two scheduling choices go with the objective. The restart factor charges a move
 reallocations when jobs swap ranks. A preemption is not charged by default: the no-allocation
 utility of a running job is the same as a waiting job's (``charge_preemption`` multiplies it
 by the job's restart factor too, since a preempted job pays the restart when it resumes;
-docs/scheduling.md has why it stays off). And the policy asks to decide when a job arrives, not only
-at the next round (``on_arrival``), since one decision takes milliseconds.
+docs/scheduling.md has why it stays off). And the policy asks to decide when a job arrives,
+not only at the next round (``on_arrival``), since one decision takes milliseconds.
 
 Subject to: at most one configuration per job, per type the replicas and the whole nodes of
 multi-node configurations within the type's devices and nodes, jobs' replica bounds, rigid

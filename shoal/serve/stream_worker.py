@@ -41,13 +41,14 @@ def emulated_speed(environ: Mapping[str, str] = os.environ) -> float:
     raw = environ.get(SPEED_VARIABLE, "").strip()
     if not raw:
         return 1.0
+    problem = SystemExit(f"{SPEED_VARIABLE}={raw!r}: expected a factor in (0, 1], e.g. 0.5 "
+                         "for a device half as fast as declared")
     try:
         speed = float(raw)
     except ValueError:
-        speed = float("nan")
+        raise problem from None
     if not 0.0 < speed <= 1.0:
-        raise SystemExit(f"{SPEED_VARIABLE}={raw!r}: expected a factor in (0, 1], e.g. 0.5 "
-                         "for a device half as fast as declared")
+        raise problem
     return speed
 
 

@@ -325,16 +325,19 @@ class StreamSpec(BaseModel):
     def rate_at(self, t: float) -> float:
         return rate_at(self.input_rate, self.steps, t)
 
-    def capacity(self, device_type: str, devices: int) -> float:
-        """Samples/s ``devices`` devices of ``device_type`` process."""
-        return self.throughput[device_type] * devices**self.scaling if devices > 0 else 0.0
+    def capacity(self, device_type: str, devices: int, per_device: float | None = None) -> float:
+        """Samples/s ``devices`` devices of ``device_type`` process (``per_device``: one
+        device's measured speed, in place of the declared ``throughput``)."""
+        speed = self.throughput[device_type] if per_device is None else per_device
+        return speed * devices**self.scaling if devices > 0 else 0.0
 
-    def devices_for(self, device_type: str, rate: float, backlog: float = 0.0) -> int:
+    def devices_for(self, device_type: str, rate: float, backlog: float = 0.0,
+                    per_device: float | None = None) -> int:
         """Fewest devices whose capacity covers ``headroom`` x ``rate`` plus draining
         ``backlog`` within half the lag bound, clipped to ``[min_replicas, max_replicas]``."""
         need = max(rate, 0.0) * self.headroom + max(backlog, 0.0) / (self.max_lag_s / 2)
         k = self.min_replicas
-        while k < self.max_replicas and self.capacity(device_type, k) < need:
+        while k < self.max_replicas and self.capacity(device_type, k, per_device) < need:
             k += 1
         return k
 

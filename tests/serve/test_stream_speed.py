@@ -71,7 +71,6 @@ def test_demand_uses_the_measured_speed_of_the_type_it_sizes() -> None:
     # Measured at 32 samples/s a device: two are needed; t4 keeps its declared speed.
     demand.observe(spec, JobStatus("clicks", extra={
         "input_rate": 40.0, "backlog": 0.0, "device_speed": 32.0, "device_type": "cpu"}))
-    assert demand.per_device("clicks") == {"cpu": 32.0}
     assert demand.demand(view, "cpu", now=10.0) == 2
     assert demand.demand(view, "t4", now=10.0) == 1
     # A later status without a speed (no busy time yet) keeps the last one measured.

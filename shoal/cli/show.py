@@ -47,6 +47,8 @@ def show_command(home: str | None, job: str, as_json: bool) -> None:
         ("goodput", f"{data['goodput']:.1f} samples/s" if data.get("goodput") else "-"),
         ("noise scale", f"{data['noise_scale']:.0f}" if data.get("noise_scale") else "-"),
         ("restarts", f"{data['num_restarts']} (resizes {data.get('resizes', 0)})"),
+        ("restart cost", "-" if data.get("restart_seconds") is None
+         else f"{data['restart_seconds']:.1f} s per restart (measured)"),
         ("device-seconds", f"{data['device_seconds']:.0f}"),
         ("submitted / started / ended",
          f"{_clock(data['submit_time'])} / {_clock(data['start_time'])} / "

@@ -107,6 +107,7 @@ class Scheduler:
                     hints=r.hints,
                     limits=r.limits,
                     oracle=oracle_for(r.name) if oracle_for and not is_service(r.spec) else None,
+                    restart_seconds=r.restart_seconds,
                 )
             )
         return views
@@ -122,6 +123,8 @@ class Scheduler:
             record.profiling_seconds = float(status.extra.get("profiling_seconds", 0.0))
             if status.hints is not None:
                 record.hints = status.hints
+            if status.restart_seconds is not None:
+                record.restart_seconds = status.restart_seconds
             if status.batch_size:
                 record.batch_size = status.batch_size
             if status.failed_reason:

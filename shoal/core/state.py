@@ -52,6 +52,7 @@ class JobRecord:
     num_starts: int = 0
     device_seconds: float = 0.0
     profiling_seconds: float = 0.0
+    restart_seconds: float | None = None  # measured cost of one restart, once known
     hints: ModelHints = field(default_factory=ModelHints)
     history: list[tuple[float, Allocation | None]] = field(default_factory=list)
 

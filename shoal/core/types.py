@@ -107,6 +107,9 @@ class JobView:
     hints: ModelHints
     limits: JobLimits
     oracle: Oracle | None = None
+    # Seconds one restart of this job costs it (stop, checkpoint, restore, first step), as its
+    # backend measured or models it; None until known.
+    restart_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +164,7 @@ class JobStatus:
     failed_reason: str | None = None
     hints: ModelHints | None = None
     batch_size: int | None = None
+    restart_seconds: float | None = None  # what one restart costs the job (see JobView)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 

@@ -34,9 +34,13 @@ bounds its model's extrapolation this way, at 2x) across nodes, and to any size 
 node at once (``whole_node``): inside a node, communication is fast and the model's
 extrapolation is safe, while across nodes (yolov3's slow inter-node all-reduce) it is not.
 
-Two scheduling choices go with the objective. The restart factor charges a move
-``restart_delay`` (default 120 s, four times the simulated checkpoint-restore), which damps
-reallocations when jobs swap ranks. A preemption is not charged by default: the no-allocation
+Two scheduling choices go with the objective. The restart factor charges a move of job j
+``restart_charge`` (4) times what one restart costs j, as its backend measured it
+(``JobView.restart_seconds``: the local and Ray backends time each run from the decision, or
+from the old replicas' checkpoint when they trained on meanwhile, to the first step; the
+simulator reports its modelled 30 s, so a move there is charged 120 s), or ``restart_delay``
+(120 s) while j has measured none. Charging more than the restart itself damps reallocations
+when jobs swap ranks. A preemption is not charged by default: the no-allocation
 utility of a running job is the same as a waiting job's (``charge_preemption`` multiplies it
 by the job's restart factor too, since a preempted job pays the restart when it resumes;
 docs/scheduling.md has why it stays off). And the policy asks to decide when a job arrives,
@@ -84,6 +88,9 @@ class ShoalKnobs:
     # with an assumed speedup exponent ``sigma``; "power": (1 + R/H)^-alpha.
     weighting: Literal["rank", "power"] = "rank"
     sigma: float = 0.5
+    # A move is charged ``restart_charge`` times what one restart costs the job, as its backend
+    # measured it (JobView.restart_seconds), or ``restart_delay`` seconds while that is unknown.
+    restart_charge: float = 4.0
     restart_delay: float = 120.0
     growth: float = 4.0  # how far beyond its largest measured size a job may be grown
     # Any single-node size (up to a whole node of a type) without measuring smaller ones first;
@@ -119,6 +126,8 @@ class ShoalKnobs:
         if self.restart_delay < 0 or self.growth < 1:
             raise SpecError("restart_delay must be >= 0 and growth >= 1", field="restart_delay"
                             if self.restart_delay < 0 else "growth")
+        if self.restart_charge < 0:
+            raise SpecError(f"must be >= 0, got {self.restart_charge}", field="restart_charge")
 
     @classmethod
     def overrides(cls, pairs: Sequence[str]) -> dict[str, object]:
@@ -182,6 +191,14 @@ class ShoalPolicy:
         policy = ShoalPolicy(self.knobs, **overrides)
         policy.name = self.name
         return policy
+
+    def restart_charge(self, job: JobView) -> float:
+        """Seconds a move of ``job`` is charged: ``restart_charge`` times its own measured
+        restart cost, or the ``restart_delay`` knob while the job has not measured one."""
+        k = self.knobs
+        if job.restart_seconds is None:
+            return k.restart_delay
+        return k.restart_charge * job.restart_seconds
 
     @staticmethod
     def _remaining(job: JobView) -> float:
@@ -256,11 +273,13 @@ class ShoalPolicy:
             if k.restart_aware and k.charge_preemption and job.allocation is not None:
                 # The no-allocation speedup times the restart factor, as for a move; floored,
                 # since waiting must stay a finite choice (a move with factor 0 is dropped).
-                factor = max(restart_factor(job, k.restart_delay), _LEAST_PREEMPTION_FACTOR)
+                factor = max(restart_factor(job, self.restart_charge(job)),
+                             _LEAST_PREEMPTION_FACTOR)
                 idle[j] *= factor**k.p
             speedup = goodput / base
             if k.restart_aware:
-                speedup = speedup * restart_factors(job, index, current, k.restart_delay)
+                speedup = speedup * restart_factors(job, index, current,
+                                                    self.restart_charge(job))
             with np.errstate(divide="ignore"):
                 rows.append(Row(index, sign * weight * speedup**k.p))
             if not job.spec.preemptible and current is not None:

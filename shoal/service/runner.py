@@ -421,6 +421,7 @@ class Runner:
             ],
             "batch_size": record.batch_size,
             "num_restarts": record.num_restarts,
+            "restart_seconds": record.restart_seconds,
             "device_seconds": record.device_seconds,
             "profiling_seconds": record.profiling_seconds,
             "workdir": str(self.workdirs.get(record.name, "")),

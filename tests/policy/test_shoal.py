@@ -365,3 +365,25 @@ def test_a_rigid_job_runs_at_its_size_across_nodes_before_measuring_anything():
     for policy in (ShoalPolicy(), make_policy("sia")):
         grant = policy.decide([view], THREE_NODES, 0.0)["rigid"]
         assert grant.replicas == 8 and len(set(grant.nodes)) == 2
+
+
+def test_a_move_is_charged_the_jobs_own_measured_restart_cost():
+    # Charge = restart_charge (4) x the job's measured restart seconds, restart_delay (120 s)
+    # while it has measured none. Age 600 s, one restart so far: a 5 s restart (charge 20 s)
+    # keeps a move's restart factor near 1; a 200 s one (charge 800 s) makes every move
+    # cost more than the job's whole life, so it keeps its one device.
+    from dataclasses import replace
+
+    from shoal.core.types import Allocation
+
+    running = replace(_view("a", profiled=1), num_restarts=1, state=JobState.RUNNING,
+                      allocation=Allocation("t4", (0,)))
+    cheap, costly = (replace(running, restart_seconds=s) for s in (5.0, 200.0))
+    policy = ShoalPolicy()
+    assert [policy.restart_charge(job) for job in (running, cheap, costly)] == [120.0, 20.0, 800.0]
+    assert policy.decide([cheap], THREE_NODES, 0.0)["a"].replicas > 1
+    assert policy.decide([running], THREE_NODES, 0.0)["a"].replicas > 1
+    stays = policy.decide([costly], THREE_NODES, 0.0)["a"]
+    assert (stays.replicas, stays.device_type, stays.nodes) == (1, "t4", (0,))
+    free = ShoalPolicy(restart_charge=0.0).decide([costly], THREE_NODES, 0.0)["a"]
+    assert free.replicas > 1

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from shoal.backends.local.job import restart_losses
 from tests.service.helpers import Service, all_done, job_yaml, running_service, wait_until
 
 pytestmark = pytest.mark.slow
@@ -57,6 +58,10 @@ def test_three_jobs_resize_while_training_and_finish(service: Service) -> None:
     run_sizes = [run["replicas"] for run in first["runs"]]
     assert _went_up_then_down(run_sizes), (first["runs"], first["history"])
     assert first["resizes"] >= 2, first
+    # What a restart cost it, measured from its runs, is what the policy charged it for.
+    losses = restart_losses(first["run_details"])
+    assert len(losses) >= 3 and first["restart_seconds"] == pytest.approx(
+        sum(losses) / len(losses))
     # It was resized while training: later attempts resumed from a checkpoint.
     assert "restored at step" in service.log_text("first")
     cluster = service.get("/api/cluster")

@@ -133,6 +133,7 @@ class LocalBackend:
                     failed_reason=job.failed_reason,
                     hints=job.model.hints(limits),
                     batch_size=job.model.batch_size,
+                    restart_seconds=job.restart_seconds,
                     extra={"running": job.phase == Phase.RUNNING and job.reported_since_start
                            and not job.standby, "profiling_seconds": job.profiling_seconds},
                 )

@@ -75,6 +75,23 @@ def resolve_command(command: list[str]) -> list[str]:
     return list(command)
 
 
+def restart_losses(run_details: list[dict[str, Any]]) -> list[float]:
+    """Seconds of training each run's (re)start cost the job: from the decision to its first
+    step, or, for a resize whose old replicas trained on until they checkpointed (pre-warming),
+    from that checkpoint to the first step. Runs without a first step are left out."""
+    losses = []
+    for i, run in enumerate(run_details):
+        first = run.get("first_step")
+        if first is None:
+            continue
+        previous = run_details[i - 1] if i else None
+        since = run["requested"]
+        if run.get("kind") == "resize" and previous and previous.get("checkpointed") is not None:
+            since = max(since, previous["checkpointed"])
+        losses.append(max(first - since, 0.0))
+    return losses
+
+
 @dataclass
 class LocalJob:
     spec: JobSpec
@@ -136,6 +153,12 @@ class LocalJob:
     @property
     def terminal(self) -> bool:
         return self.phase in (Phase.FINISHED, Phase.FAILED)
+
+    @property
+    def restart_seconds(self) -> float | None:
+        """What one (re)start has cost this job on average, None before its first step."""
+        losses = restart_losses(self.run_details)
+        return sum(losses) / len(losses) if losses else None
 
     # ----- actions -----
     def set_target(self, allocation: Allocation | None, batch_size: int | None) -> None:

@@ -183,6 +183,7 @@ class SimBackend:
                     finished_at=job.finished_at,
                     hints=job.hints(),
                     batch_size=job.batch_size,
+                    restart_seconds=job.restart_delay,
                     extra={"epoch": job.epoch, "profiling_seconds": job.profiling_seconds},
                 )
             )

@@ -84,7 +84,8 @@ class PlannedSimJob(RestartPause):
             extra["plan"] = describe(self.plan.config)
         return JobStatus(self.name, device_seconds=self.device_seconds,
                          finished_at=self.finished_at, failed_reason=self.failed_reason,
-                         hints=self.hints(), batch_size=self.batch_size or None, extra=extra)
+                         hints=self.hints(), batch_size=self.batch_size or None,
+                         restart_seconds=self.restart_delay, extra=extra)
 
     def plan_for(self, allocation: Allocation) -> Plan | None:
         """The plan of ``allocation`` as placed (its smallest share of a node bounds the

@@ -84,3 +84,11 @@ def test_an_emulated_speed_outside_zero_to_one_is_refused_naming_the_variable() 
     for bad in ("0", "1.5", "fast"):
         with pytest.raises(SystemExit, match=SPEED_VARIABLE):
             emulated_speed({SPEED_VARIABLE: bad})
+
+
+def test_stream_workers_on_ray_nodes_get_the_emulated_speed_of_the_service() -> None:
+    from shoal.backends.ray.services import stream_worker_environment
+
+    assert stream_worker_environment({"PATH": "/bin"}) == {}
+    assert stream_worker_environment({SPEED_VARIABLE: "0.4", "PATH": "/bin"}) == {
+        SPEED_VARIABLE: "0.4"}

@@ -12,8 +12,10 @@ keep their stream source on the service's machine.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from shoal.backends.local.services import LocalServeJob
 from shoal.backends.local.streams import LocalStreamJob
 from shoal.backends.ray.nodes import NodeRegistry
 from shoal.backends.ray.replicas import RayReplica, launch, release, reserve
+from shoal.serve.stream_worker import SPEED_VARIABLE
 
 # Model servers need no files of the submit directory; every node has a root directory.
 _SERVER_CWD = Path("/")
@@ -81,11 +84,20 @@ class RayStreamJob(LocalStreamJob):
         if self.url is None:
             return None
         return _start_on_node(self, self.registry, node, "worker",
-                              ["shoal.serve.stream_worker", *self.worker_args()])
+                              ["shoal.serve.stream_worker", *self.worker_args()],
+                              stream_worker_environment())
+
+
+def stream_worker_environment(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """What a stream worker on another node takes from the service's environment: the pace
+    a slower device is emulated at (``SHOAL_STREAM_WORKER_SPEED``), as local workers inherit it.
+    """
+    return {SPEED_VARIABLE: environ[SPEED_VARIABLE]} if SPEED_VARIABLE in environ else {}
 
 
 def _start_on_node(job: LocalServeJob, registry: NodeRegistry, node: int, kind: str,
-                   module_args: list[str]) -> RayServer | None:
+                   module_args: list[str], extra_env: Mapping[str, str] | None = None,
+                   ) -> RayServer | None:
     """``python -m MODULE ARGS`` in a Ray actor pinned to ``node`` (one device of the job's
     type there); None when the node left the cluster (a later allocation places it)."""
     host = registry.get(node)
@@ -96,7 +108,8 @@ def _start_on_node(job: LocalServeJob, registry: NodeRegistry, node: int, kind: 
     name = f"{kind}-{job._seq}"
     log_path = job.log_dir / f"{name}.log"
     threads = str(job.settings.pool.threads_per_slot)
-    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"}
+    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1",
+           **(extra_env or {})}
     header = (f"=== shoal: {job.name} {name} on {host.device_type}, "
               f"{time.strftime('%H:%M:%S')} === Ray node {host.ray_id[:8]}")
     group = reserve([host])

@@ -19,6 +19,7 @@ def _register() -> None:
     from shoal.cli.logs import logs_command
     from shoal.cli.ls import ls_command
     from shoal.cli.plan import plan_command
+    from shoal.cli.replay import replay_command
     from shoal.cli.serve import loadgen_command, serve_sim_command
     from shoal.cli.show import show_command
     from shoal.cli.sim import sim_command
@@ -31,7 +32,7 @@ def _register() -> None:
         up_command, down_command, submit_command, ls_command, show_command, logs_command,
         cancel_command, top_command,
         # simulation and planning
-        sim_command, plan_command, serve_sim_command, loadgen_command,
+        sim_command, replay_command, plan_command, serve_sim_command, loadgen_command,
     ):
         cli.add_command(command)
 

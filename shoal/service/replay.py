@@ -68,6 +68,22 @@ class MeasuredRun:
     real_jct: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> MeasuredRun:
+        """The run :meth:`to_json` wrote (``run.json`` beside the exported profiles)."""
+        return cls(
+            profiles=Path(data["profiles"]),
+            jobs=[JobSpec(**job) for job in data["jobs"]],
+            cluster=ClusterSpec(**data["cluster"]),
+            policy=str(data["policy"]),
+            interval_s=float(data["interval_s"]),
+            policy_restart_delay=data.get("policy_restart_delay"),
+            costs=RestartCosts(**data["costs"]),
+            policy_knobs=dict(data.get("policy_knobs") or {}),
+            real_jct={k: float(v) for k, v in (data.get("real_jct") or {}).items()},
+            notes=list(data.get("notes") or []),
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "profiles": str(self.profiles),

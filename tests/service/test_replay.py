@@ -116,6 +116,39 @@ def test_exported_run_loads_as_simulator_profiles_and_replays(tmp_path: Path) ->
     assert all(r.finish_time is not None and not r.failure for r in result.records)
 
 
+def test_shoal_replay_reruns_an_exported_run_under_other_policies(tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from shoal.cli.main import cli
+    from shoal.service.replay import MeasuredRun, compare
+
+    details = [{"kind": "start", "requested": 0.5, "first_step": 3.5, "done": 10.0}]
+    jobs = [_job("a", 0.0, details, 11.0), _job("b", 4.0, [dict(details[0], requested=4.5,
+                                                                 first_step=7.5)], 15.0)]
+    run = export_run(jobs, {**CLUSTER, "policy": "shoal", "knobs": {"growth": 2.0}},
+                     tmp_path / "exported")
+    loaded = MeasuredRun.from_json(json.loads((tmp_path / "exported" / "run.json").read_text()))
+    assert loaded == run
+    moved = (tmp_path / "exported").rename(tmp_path / "moved")  # run.json names the old folder
+    out = tmp_path / "replay.json"
+    result = CliRunner().invoke(cli, ["replay", str(moved), "--policy", "pollux,shoal",
+                                      "--knob", "p=-1", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "sim pollux" in result.output and "sim shoal" in result.output
+    replays = json.loads(out.read_text())["replays"]
+    assert replays["pollux"]["real_avg_jct_s"] == pytest.approx(11.0)  # (11 + 11) / 2
+    # Each column is the simulator's run of that policy; shoal keeps the run's knobs and adds
+    # those given.
+    what_if = replace(loaded, profiles=moved, policy_knobs={"growth": 2.0, "p": -1.0})
+    assert replays["shoal"]["sim_avg_jct_s"] == pytest.approx(
+        compare(what_if, simulate_run(what_if))["sim_avg_jct_s"])
+    assert replays["pollux"]["sim_avg_jct_s"] is not None
+    bad = CliRunner().invoke(cli, ["replay", str(moved), "--policy", "nope"])
+    assert bad.exit_code != 0 and "unknown nope" in bad.output
+
+
 def _sim_job(tmp_path: Path, **costs: float) -> SimJob:
     """A simulated job from an exported profile: 4 epochs of 40 iterations at batch 16."""
     trace = [dict(row, progress=640.0 * (row["epoch"] + 1)) for row in TRACE]

@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from shoal.cli.main import cli
 from shoal.service.replay import compare, export_run, simulate_run
 from tests.service.helpers import all_done, running_service, wait_until
 
@@ -52,6 +54,11 @@ def test_simulator_predicts_average_jct_of_a_real_run(tmp_path: Path) -> None:
         jobs, cluster = service.jobs(), service.get("/api/cluster")
         finished = [j["state"] for j in jobs] == ["finished"] * 3
         assert finished, service.diagnostics()  # while the service still answers
+        # The same export and replay from the command line, straight from the service.
+        replayed = CliRunner().invoke(cli, [
+            "replay", "--export", str(tmp_path / "cli-export"), "--home", str(service.home),
+            "--json", str(tmp_path / "replay.json")])
+        assert replayed.exit_code == 0, replayed.output
 
     run = export_run(jobs, cluster, tmp_path / "profiles")
     assert sorted(p.name for p in (tmp_path / "profiles").iterdir() if p.is_dir()) == sorted(names)
@@ -61,3 +68,5 @@ def test_simulator_predicts_average_jct_of_a_real_run(tmp_path: Path) -> None:
     print(json.dumps(report, indent=1))  # shown with pytest -s
     assert report["sim_avg_jct_s"] is not None, report
     assert abs(report["error"]) <= TOLERANCE, json.dumps(report, indent=1)
+    from_cli = json.loads((tmp_path / "replay.json").read_text())["replays"]["pollux"]
+    assert from_cli["sim_avg_jct_s"] == pytest.approx(report["sim_avg_jct_s"])

@@ -19,10 +19,12 @@ def test_restart_losses_count_from_the_decision_or_from_the_old_replicas_checkpo
         {"kind": "resize", "requested": 22.0, "first_step": 31.0, "checkpointed": None},
         # Preempted, then resumed 8 s after the decision.
         {"kind": "start", "requested": 50.0, "first_step": 58.0},
+        # Crashed at about 60 s; the retry's processes started at 61 s, under the same decision.
+        {"kind": "retry", "requested": 50.0, "time": 61.0, "first_step": 64.0},
         # Not yet at its first step: not counted.
         {"kind": "resize", "requested": 70.0, "first_step": None},
     ]
-    assert restart_losses(details) == pytest.approx([6.0, 1.0, 8.0])
+    assert restart_losses(details) == pytest.approx([6.0, 1.0, 8.0, 3.0])
     assert restart_losses([]) == []
 
 

@@ -77,8 +77,9 @@ def resolve_command(command: list[str]) -> list[str]:
 
 def restart_losses(run_details: list[dict[str, Any]]) -> list[float]:
     """Seconds of training each run's (re)start cost the job: from the decision to its first
-    step, or, for a resize whose old replicas trained on until they checkpointed (pre-warming),
-    from that checkpoint to the first step. Runs without a first step are left out."""
+    step; for a resize whose old replicas trained on until they checkpointed (pre-warming), from
+    that checkpoint; for a retry after a crash, from its processes' start (the decision is the
+    one of the run that crashed). Runs without a first step are left out."""
     losses = []
     for i, run in enumerate(run_details):
         first = run.get("first_step")
@@ -86,7 +87,9 @@ def restart_losses(run_details: list[dict[str, Any]]) -> list[float]:
             continue
         previous = run_details[i - 1] if i else None
         since = run["requested"]
-        if run.get("kind") == "resize" and previous and previous.get("checkpointed") is not None:
+        if run.get("kind") == "retry":
+            since = max(since, run.get("time", since))
+        elif run.get("kind") == "resize" and previous and previous.get("checkpointed") is not None:
             since = max(since, previous["checkpointed"])
         losses.append(max(first - since, 0.0))
     return losses

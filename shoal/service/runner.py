@@ -25,7 +25,7 @@ from typing import Any
 
 from shoal.backends.local.backend import LocalBackend
 from shoal.backends.local.devices import configured_memory_gb, detect_pool
-from shoal.backends.local.job import LocalJob, Phase, RunSettings
+from shoal.backends.local.job import LocalJob, Phase, RunSettings, mean_restart_seconds
 from shoal.backends.local.services import LocalServeJob
 from shoal.core.scheduler import RoundTrigger, Scheduler
 from shoal.core.state import JobRecord
@@ -421,7 +421,9 @@ class Runner:
             ],
             "batch_size": record.batch_size,
             "num_restarts": record.num_restarts,
-            "restart_seconds": record.restart_seconds,
+            "restart_seconds": record.restart_seconds if record.restart_seconds is not None
+            # A finished job a restarted service has not observed: from its stored runs.
+            else mean_restart_seconds(summary.get("run_details") or []),
             "device_seconds": record.device_seconds,
             "profiling_seconds": record.profiling_seconds,
             "workdir": str(self.workdirs.get(record.name, "")),
@@ -515,3 +517,4 @@ def _stop_leftover(pid: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGTERM)
             log.info("stopped process %d left by the previous service", pid)
+

@@ -56,3 +56,10 @@ def test_killed_then_stopped_service_loses_and_duplicates_nothing(tmp_path: Path
             done = json.loads((home / "checkpoints" / name / "done.json").read_text())
             assert done["steps"] >= 8 * 16  # 256 samples / batch 16, every epoch complete
         assert len(service.jobs()) == len(names)
+
+        # 3. Finished jobs keep the restart cost measured from their runs across a restart.
+        costs = {n: service.job(n)["restart_seconds"] for n in names}
+        assert all(cost is not None and cost > 0 for cost in costs.values()), costs
+        service.stop()
+        service.start()
+        assert {n: service.job(n)["restart_seconds"] for n in names} == pytest.approx(costs)

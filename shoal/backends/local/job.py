@@ -95,6 +95,12 @@ def restart_losses(run_details: list[dict[str, Any]]) -> list[float]:
     return losses
 
 
+def mean_restart_seconds(run_details: list[dict[str, Any]]) -> float | None:
+    """What one (re)start has cost a job on average, None before its first step."""
+    losses = restart_losses(run_details)
+    return sum(losses) / len(losses) if losses else None
+
+
 @dataclass
 class LocalJob:
     spec: JobSpec
@@ -160,8 +166,7 @@ class LocalJob:
     @property
     def restart_seconds(self) -> float | None:
         """What one (re)start has cost this job on average, None before its first step."""
-        losses = restart_losses(self.run_details)
-        return sum(losses) / len(losses) if losses else None
+        return mean_restart_seconds(self.run_details)
 
     # ----- actions -----
     def set_target(self, allocation: Allocation | None, batch_size: int | None) -> None:

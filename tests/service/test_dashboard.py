@@ -157,6 +157,9 @@ def test_dashboard_follows_jobs_live(browser: Any, service: Service, tmp_path: P
     page.wait_for_selector('#events li[data-kind="finished"][data-job="wide"]', timeout=WAIT_MS)
     page.wait_for_selector('#detail .events li[data-kind="finished"]', timeout=WAIT_MS)
     assert page.locator("#detail-name .state").inner_text() == "finished"
+    # What one restart cost the job, measured from its runs (the API's restart_seconds).
+    cost = next(j["restart_seconds"] for j in service.jobs() if j["name"] == "wide")
+    assert page.locator("#detail-restart").inner_text() == f"{cost:.1f} s per restart"
     assert int(page.locator("#status").get_attribute("data-polls") or 0) > 2
     assert not errors, errors
 

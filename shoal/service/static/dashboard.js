@@ -297,6 +297,8 @@
       ["noise scale", job.noise_scale ? number(job.noise_scale, 1) : null],
       ["ETA", TERMINAL.has(job.state) ? null : duration(job.eta_seconds)],
       ["restarts", job.num_restarts ?? 0],
+      ["restart cost", job.restart_seconds === null || job.restart_seconds === undefined ? null
+        : el("span", { id: "detail-restart" }, `${number(job.restart_seconds, 1)} s per restart`)],
       ["device time", `${number(job.device_seconds, 0)} device-s`],
       ["attempt", job.attempt ?? null],
       ["replica pids", (job.replica_pids || []).join(", ") || null],

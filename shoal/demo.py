@@ -151,6 +151,8 @@ def _replay(console: Console, jobs: list[dict], cluster: dict, out: Path) -> Non
            f"({100 * comparison['error']:+.0f}%)" if sim is not None else "a job did not finish")
         + f" -> {out / 'replay.json'}"
     )
+    console.print(f"what-if under other policies: shoal replay {out / 'profiles'} "
+                  "--policy pollux,shoal")
 
 
 def _drive(console: Console, http: httpx.Client, files: list[Path],

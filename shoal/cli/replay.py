@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shoal.cli.client import Client, home_option
-from shoal.policy.registry import POLICIES
+from shoal.policy.registry import is_shoal, select_policies
 from shoal.service.replay import MeasuredRun, compare, export_run, simulate_run
 from shoal.spec.errors import SpecError
 
@@ -59,22 +59,13 @@ def replay_command(run: Path | None, home: str | None, export_to: Path | None,
     if (run is None) == (export_to is None):
         raise click.UsageError("give either RUN (an exported run) or --export DIR")
     measured = _load(run) if run is not None else _export(home, export_to)  # type: ignore[arg-type]
-    names = [p.strip() for p in (policies or measured.policy).split(",") if p.strip()]
-    unknown = [n for n in names if n not in POLICIES]
-    if unknown:
-        raise click.BadParameter(f"unknown {', '.join(unknown)}; one of {', '.join(POLICIES)}",
-                                 param_hint="--policy")
-    if knobs and not any(n.startswith("shoal") for n in names):
-        raise click.BadParameter("knobs apply to the shoal policies only", param_hint="--knob")
-    from shoal.policy.shoal import ShoalKnobs
-
     try:
-        overrides = ShoalKnobs.overrides(list(knobs))
+        names, overrides = select_policies(policies or measured.policy, knobs)
     except SpecError as exc:
-        raise click.BadParameter(str(exc), param_hint="--knob") from None
+        raise click.UsageError(str(exc)) from None
     results = {}
     for name in names:
-        tuned = {**measured.policy_knobs, **overrides} if name.startswith("shoal") else {}
+        tuned = {**measured.policy_knobs, **overrides} if is_shoal(name) else {}
         what_if = dataclasses.replace(measured, policy=name, policy_knobs=tuned)
         results[name] = compare(what_if, simulate_run(what_if))
     _print(measured, results, overrides)

@@ -45,13 +45,13 @@ def run_one(task: dict[str, Any]) -> dict[str, Any]:
     from shoal.backends.sim.profile import ProfileLibrary
     from shoal.backends.sim.run import simulate
     from shoal.metrics.report import summarize
-    from shoal.policy.registry import tuned_policy
+    from shoal.policy.registry import is_shoal, tuned_policy
     from shoal.spec import load_cluster, load_workload_csv
 
     jobs = load_workload_csv(task["workload"])
     knobs = task.get("knobs") or {}
     name = task["policy"]
-    policy = tuned_policy(name, knobs if name.startswith("shoal") else {})
+    policy = tuned_policy(name, knobs if is_shoal(name) else {})
     result = simulate(
         jobs,
         policy,
@@ -122,8 +122,7 @@ def sim_command(workload, policy, cluster, profiles, json_out, plot_out, seed, i
                 restart_delay, parallel, knobs, plan_mode, time_resolution) -> None:
     """Simulate a workload trace under one or more policies and compare them."""
     from shoal.backends.sim.locate import default_profiles
-    from shoal.policy import POLICIES
-    from shoal.policy.shoal import ShoalKnobs
+    from shoal.policy.registry import select_policies
     from shoal.spec import load_cluster
 
     to_stdout = json_out == Path("-")
@@ -131,20 +130,12 @@ def sim_command(workload, policy, cluster, profiles, json_out, plot_out, seed, i
     if not console.is_terminal:
         console = Console(stderr=to_stdout, width=160)
     try:
-        policies = [p.strip() for p in policy.split(",") if p.strip()]
-        unknown = [p for p in policies if p not in POLICIES]
-        if unknown:
-            raise SpecError(f"unknown policy {unknown}; choose from {', '.join(POLICIES)}",
-                            field="policy")
+        policies, overrides = select_policies(policy, knobs)
         load_cluster(cluster)
         profile_dir = profiles or default_profiles()
         if not Path(profile_dir).is_dir():
             raise SpecError(f"profile directory {profile_dir} does not exist", field="profiles")
         files = _workloads(workload)
-        overrides = ShoalKnobs.overrides(knobs)
-        if overrides and not any(p == "shoal" or p.startswith("shoal-") for p in policies):
-            raise SpecError("--knob tunes the shoal policies; add one to --policy",
-                            field="knob")
     except SpecError as exc:
         raise click.UsageError(str(exc)) from exc
     tasks = [

@@ -117,3 +117,24 @@ def policy_knobs(policy: Policy) -> dict[str, object]:
     from shoal.policy.shoal import ShoalPolicy
 
     return policy.knobs.changed() if isinstance(policy, ShoalPolicy) else {}
+
+
+def is_shoal(name: str) -> bool:
+    """Whether ``name`` is shoal or one of its ablations (the policies knobs apply to)."""
+    return name == "shoal" or name.startswith("shoal-")
+
+
+def select_policies(names: str, knobs: Sequence[str] = ()) -> tuple[list[str], dict[str, object]]:
+    """Comma-separated policy names and ``KEY=VALUE`` shoal knobs, checked together: every name
+    known, the knobs valid, and a shoal policy among the names when knobs are given."""
+    from shoal.policy.shoal import ShoalKnobs
+
+    policies = [name.strip() for name in names.split(",") if name.strip()]
+    unknown = [name for name in policies if name not in POLICIES]
+    if unknown or not policies:
+        raise SpecError(f"unknown policy {unknown or names!r}; choose from "
+                        f"{', '.join(POLICIES)}", field="policy")
+    overrides = ShoalKnobs.overrides(knobs)
+    if overrides and not any(is_shoal(name) for name in policies):
+        raise SpecError("knobs tune the shoal policies; add one to the policies", field="knob")
+    return policies, overrides

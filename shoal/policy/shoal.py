@@ -36,15 +36,15 @@ extrapolation is safe, while across nodes (yolov3's slow inter-node all-reduce) 
 
 Two scheduling choices go with the objective. The restart factor charges a move of job j
 ``restart_charge`` (4) times what one restart costs j, as its backend measured it
-(``JobView.restart_seconds``: the local and Ray backends time each run from the decision, or
-from the old replicas' checkpoint when they trained on meanwhile, to the first step; the
-simulator reports its modelled 30 s, so a move there is charged 120 s), or ``restart_delay``
-(120 s) while j has measured none. Charging more than the restart itself damps reallocations
-when jobs swap ranks. A preemption is not charged by default: the no-allocation
-utility of a running job is the same as a waiting job's (``charge_preemption`` multiplies it
-by the job's restart factor too, since a preempted job pays the restart when it resumes;
-docs/scheduling.md has why it stays off). And the policy asks to decide when a job arrives,
-not only at the next round (``on_arrival``), since one decision takes milliseconds.
+(``JobView.restart_seconds``: the local and Ray backends time each run from the decision, from
+the old replicas' checkpoint when they trained on meanwhile, or from a crash retry's start, to
+the first step; the simulator reports its modelled 30 s, so a move there is charged 120 s), or
+``restart_delay`` (120 s) while j has measured none. Charging more than the restart itself
+damps reallocations when jobs swap ranks. A preemption is not charged by default: the
+no-allocation utility of a running job is the same as a waiting job's (``charge_preemption``
+multiplies it by the job's restart factor too, since a preempted job pays the restart when it
+resumes; docs/scheduling.md has why it stays off). And the policy asks to decide when a job
+arrives, not only at the next round (``on_arrival``), since one decision takes milliseconds.
 
 Subject to: at most one configuration per job, per type the replicas and the whole nodes of
 multi-node configurations within the type's devices and nodes, jobs' replica bounds, rigid
@@ -192,7 +192,7 @@ class ShoalPolicy:
         policy.name = self.name
         return policy
 
-    def restart_charge(self, job: JobView) -> float:
+    def move_charge(self, job: JobView) -> float:
         """Seconds a move of ``job`` is charged: ``restart_charge`` times its own measured
         restart cost, or the ``restart_delay`` knob while the job has not measured one."""
         k = self.knobs
@@ -270,16 +270,15 @@ class ShoalPolicy:
                 if at_most_fair.any():
                     base = goodput[at_most_fair].max()
                 idle[j] = sign * weight * (k.idle_speedup * goodput.min() / base) ** k.p
+            charge = self.move_charge(job)
             if k.restart_aware and k.charge_preemption and job.allocation is not None:
                 # The no-allocation speedup times the restart factor, as for a move; floored,
                 # since waiting must stay a finite choice (a move with factor 0 is dropped).
-                factor = max(restart_factor(job, self.restart_charge(job)),
-                             _LEAST_PREEMPTION_FACTOR)
+                factor = max(restart_factor(job, charge), _LEAST_PREEMPTION_FACTOR)
                 idle[j] *= factor**k.p
             speedup = goodput / base
             if k.restart_aware:
-                speedup = speedup * restart_factors(job, index, current,
-                                                    self.restart_charge(job))
+                speedup = speedup * restart_factors(job, index, current, charge)
             with np.errstate(divide="ignore"):
                 rows.append(Row(index, sign * weight * speedup**k.p))
             if not job.spec.preemptible and current is not None:

@@ -517,4 +517,3 @@ def _stop_leftover(pid: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGTERM)
             log.info("stopped process %d left by the previous service", pid)
-

@@ -380,7 +380,7 @@ def test_a_move_is_charged_the_jobs_own_measured_restart_cost():
                       allocation=Allocation("t4", (0,)))
     cheap, costly = (replace(running, restart_seconds=s) for s in (5.0, 200.0))
     policy = ShoalPolicy()
-    assert [policy.restart_charge(job) for job in (running, cheap, costly)] == [120.0, 20.0, 800.0]
+    assert [policy.move_charge(job) for job in (running, cheap, costly)] == [120.0, 20.0, 800.0]
     assert policy.decide([cheap], THREE_NODES, 0.0)["a"].replicas > 1
     assert policy.decide([running], THREE_NODES, 0.0)["a"].replicas > 1
     stays = policy.decide([costly], THREE_NODES, 0.0)["a"]

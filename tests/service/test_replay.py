@@ -146,7 +146,10 @@ def test_shoal_replay_reruns_an_exported_run_under_other_policies(tmp_path: Path
         compare(what_if, simulate_run(what_if))["sim_avg_jct_s"])
     assert replays["pollux"]["sim_avg_jct_s"] is not None
     bad = CliRunner().invoke(cli, ["replay", str(moved), "--policy", "nope"])
-    assert bad.exit_code != 0 and "unknown nope" in bad.output
+    assert bad.exit_code == 2 and "unknown policy ['nope']" in bad.output
+    no_shoal = CliRunner().invoke(cli, ["replay", str(moved), "--policy", "pollux", "--knob",
+                                        "p=-1"])
+    assert no_shoal.exit_code == 2 and "knobs tune the shoal policies" in no_shoal.output
 
 
 def _sim_job(tmp_path: Path, **costs: float) -> SimJob:

@@ -64,7 +64,7 @@ def test_sim_knobs_tune_shoal_and_bad_knobs_are_named(tmp_path, pollux_data):
         result = runner.invoke(cli, [*base, "--knob", knob])
         assert result.exit_code == 2 and message in result.output, result.output
     result = runner.invoke(cli, [*base[:4], "pollux", *base[5:], "--knob", "p=-1"])
-    assert result.exit_code == 2 and "add one to --policy" in result.output
+    assert result.exit_code == 2 and "add one to the policies" in result.output
 
 
 def test_sim_runs_model_declared_jobs_of_a_workload_csv_under_each_plan_mode(tmp_path):

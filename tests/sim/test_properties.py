@@ -93,3 +93,27 @@ def test_runs_are_deterministic_for_a_seed(profiles, pollux_data):
         report["summary"].pop("median_decision_ms")
         report["summary"].pop("p95_decision_ms")
     assert json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True)
+
+
+def test_a_job_reports_progress_within_its_epoch_as_a_real_job_does(profiles):
+    """The reported fraction done moves between epoch ends (the local backend reports its
+    position within the epoch too), never backwards, and ends at 1."""
+    from shoal.core.scheduler import Scheduler
+
+    backend = SimBackend(SMALL, profiles)
+    scheduler = Scheduler(make_policy("pollux"), backend)
+    scheduler.submit(JobSpec(name="yolo", application="yolov3", submit_time=0,
+                             num_replicas=1, batch_size=8, target_epochs=2))
+    job = backend.jobs["yolo"]
+    reported, within_epoch = [], 0
+    while job.finished_at is None and backend.now() < 50 * 3600:
+        scheduler.round()
+        backend.advance(60)
+        hints = job.hints()
+        reported.append(hints.progress)
+        if job.finished_at is None and hints.progress * job.max_epochs > job.epoch + 1e-9:
+            within_epoch += 1
+        assert job.epoch / job.max_epochs <= hints.progress <= (job.epoch + 1) / job.max_epochs
+    assert job.finished_at is not None
+    assert reported == sorted(reported) and reported[-1] == 1.0
+    assert within_epoch > len(reported) // 2  # mostly between epoch ends, not stuck at them

@@ -8,6 +8,7 @@ every epoch boundary and reallocation, and reports what it learned to the schedu
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -124,10 +125,17 @@ class SimJob(RestartPause):
                 model = self.goodput_model(dtype)
                 if model is not None:
                     models[dtype] = model
-            self._hints = ModelHints(
-                models, dict(self.max_profiled), self.epoch, self.epoch / self.max_epochs
-            )
-        return self._hints
+            self._hints = ModelHints(models, dict(self.max_profiled), self.epoch, 0.0)
+        return replace(self._hints, progress=self.fraction_done())
+
+    def fraction_done(self) -> float:
+        """Epochs done, counting the current one in part, over the job's epochs: what a real
+        job reports from its position within the epoch (see the local backend)."""
+        if self.epoch >= self.max_epochs:
+            return 1.0
+        start, end = self.app.progress_at(self.epoch), self.app.progress_at(self.epoch + 1)
+        within = (self.progress - start) / (end - start) if end > start else 0.0
+        return min((self.epoch + min(max(within, 0.0), 1.0)) / self.max_epochs, 1.0)
 
     def _record(self, dtype, nodes, replicas, bsz, step, sync, grad_sqr, grad_var) -> None:
         if self.grad is None or (self.grad.sqr, self.grad.var) != (grad_sqr, grad_var):

@@ -24,6 +24,7 @@ import scipy.optimize
 from numpy.typing import ArrayLike
 
 _TINY = 1e-8
+_PINNED_BELOW = 1e3 * _TINY  # a warm-start value this small was a pinned term
 # L-BFGS-B stops when one iteration lowers the objective by less than ftol (absolute here, as
 # the objective is below 1). At 1e-7 a fit could stop on a plateau with step times 8% off,
 # where the point it stopped at depended on the CPU and the numpy/scipy build; at 1e-10 it
@@ -196,9 +197,12 @@ def fit_perf_params(
         pin(5, _TINY)
 
     if warm_start is not None:
+        # A term the previous fit had pinned near zero (no observation of it then) starts from
+        # the generic point: from ~1e-8 the bn/an regularizer's gradient is so steep that the
+        # search stalls there, and the first multi-node run would be fitted as free of network.
         init = [
-            float(np.clip(v, lo, hi))
-            for v, lo, hi in zip(warm_start.as_array(), lower, upper, strict=True)
+            i if v <= _PINNED_BELOW and lo < hi else float(np.clip(v, lo, hi))
+            for v, i, lo, hi in zip(warm_start.as_array(), init, lower, upper, strict=True)
         ]
     inter = (nodes > 1).astype(float)
     intra = ((nodes <= 1) & (replicas > 1)).astype(float)

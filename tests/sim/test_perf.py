@@ -45,6 +45,20 @@ def test_warm_start_reaches_the_same_fit():
                                predict_step_time(cold, n, r, b), rtol=1e-3)
 
 
+def test_warm_start_from_a_fit_with_pinned_network_terms_fits_the_first_multi_node_run():
+    # One replica, then the whole job across 8 nodes: the fit of the first observation pinned
+    # the inter-node terms near zero, and the refit starts from it.
+    n, r, b = np.array([1.0, 8.0]), np.array([1.0, 64.0]), np.array([12.0, 6.0])
+    step = np.array([0.595, 1.091])
+    grad = np.array([0.586, 0.356])
+    single = fit_perf_params(n[:1], r[:1], b[:1], grad[:1], step[:1])
+    assert single.alpha_n < 1e-6  # pinned: one replica says nothing about the network
+    cold = fit_perf_params(n, r, b, grad, step)
+    warm = fit_perf_params(n, r, b, grad, step, warm_start=single)
+    np.testing.assert_allclose(predict_step_time(cold, n, r, b), step, rtol=0.02)
+    np.testing.assert_allclose(predict_step_time(warm, n, r, b), step, rtol=0.02)
+
+
 def test_efficiency_matches_the_noise_scale_formula():
     stats = GradStats(sqr=2.0, var=6.0)
     m0 = 128

@@ -9,6 +9,9 @@ replicas; whole nodes across nodes, powers of two within one), with binary x[j, 
   over its goodput at its smallest configuration, per device type from the job's own models;
 * ``rho[j, c]`` is the restart factor max(T - N S, 0) / (T + S) when a running job would move
   (1 to stay; 1 for a job that is not running), so a move must pay for its checkpoint-restore;
+  with ``restart_horizon`` it is at most H / (H + S) too, H the job's estimated remaining time
+  on c: Pollux's rule weighs a restart against the job's past, this against its future, so
+  a job about to finish is not moved for a small gain (T is age, N restarts, S the charge);
 * ``p`` sets the fairness of the mean being maximized (for p > 0 the costs are negated, so the
   sum of ``w s^p`` is maximized; p = 1 is total goodput, p -> 0 proportional fairness, p < 0
   fairer still); no devices count as a speedup of ``idle_speedup`` < 1, so any allocation
@@ -101,6 +104,9 @@ class ShoalKnobs:
     restart_aware: bool = True
     # A running job's no-allocation utility pays its restart factor, like a move does.
     charge_preemption: bool = False
+    # A move's charge is also weighed against the job's estimated remaining time on the new
+    # configuration, so that a job near its end is not moved for a small gain.
+    restart_horizon: bool = True
     remaining_work: bool = True
     # Decide as soon as a job arrives (a decision takes milliseconds), not only every round.
     on_arrival: bool = True
@@ -278,7 +284,11 @@ class ShoalPolicy:
                 idle[j] *= factor**k.p
             speedup = goodput / base
             if k.restart_aware:
-                speedup = speedup * restart_factors(job, index, current, charge)
+                factors = restart_factors(job, index, current, charge)
+                if k.restart_horizon:
+                    factors = np.minimum(factors, self._horizon_factors(
+                        job, index, goodput, current, charge))
+                speedup = speedup * factors
             with np.errstate(divide="ignore"):
                 rows.append(Row(index, sign * weight * speedup**k.p))
             if not job.spec.preemptible and current is not None:
@@ -295,6 +305,22 @@ class ShoalPolicy:
                         None if k.adapt_batch else fixed[name])
             for name, a in placed.items()
         }
+
+    def _horizon_factors(self, job: JobView, index: np.ndarray, goodput: np.ndarray,
+                         current: int | None, charge: float) -> np.ndarray:
+        """Per candidate, H / (H + charge): H the job's remaining time there (its remaining
+        work over the candidate's goodput), 1 to stay. A running job that has not reported
+        progress gets 1 everywhere (its remaining work is unknown)."""
+        factors = np.ones(len(index))
+        here = np.nonzero(index == current)[0] if current is not None else []
+        if job.allocation is None or not len(here) or job.hints.progress <= 0:
+            return factors
+        # Remaining device-seconds over the current devices, in seconds at the current goodput.
+        work = self._remaining(job) / job.allocation.num_replicas * goodput[here[0]]
+        horizon = work / goodput
+        factors = horizon / (horizon + charge)
+        factors[here] = 1.0
+        return factors
 
     @staticmethod
     def _type_blind(goodput: np.ndarray, table: ConfigTable, index: np.ndarray) -> np.ndarray:

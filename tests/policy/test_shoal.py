@@ -387,3 +387,24 @@ def test_a_move_is_charged_the_jobs_own_measured_restart_cost():
     assert (stays.replicas, stays.device_type, stays.nodes) == (1, "t4", (0,))
     free = ShoalPolicy(restart_charge=0.0).decide([costly], THREE_NODES, 0.0)["a"]
     assert free.replicas > 1
+
+
+def test_a_job_near_its_end_is_not_moved_for_a_gain_its_restart_would_eat():
+    # One node of 4 devices for 600 s (2400 device-seconds), a 30 s restart (charge 120 s),
+    # alone on three nodes. At 99% done about 6 s remain on 4 devices, less on 12: a move
+    # cannot pay for its restart there. At 10% done 1.5 hours remain, and the job grows.
+    from dataclasses import replace
+
+    from shoal.core.types import Allocation
+
+    def running(progress):
+        return replace(_view("a", profiled=4, progress=progress, attained=2400.0),
+                       state=JobState.RUNNING, allocation=Allocation("t4", (0, 0, 0, 0)),
+                       restart_seconds=30.0)
+
+    policy = ShoalPolicy()
+    assert policy.decide([running(0.99)], THREE_NODES, 0.0)["a"].replicas == 4
+    assert policy.decide([running(0.10)], THREE_NODES, 0.0)["a"].replicas > 4
+    # Without the remaining-time term the age-based factor alone lets the nearly done job move.
+    blind = ShoalPolicy(restart_horizon=False)
+    assert blind.decide([running(0.99)], THREE_NODES, 0.0)["a"].replicas > 4

@@ -89,7 +89,9 @@ def test_spanning_and_concurrent_jobs_land_on_their_types(service: Service,
     # Two cpu replicas need both nodes; "fast" exists only on the head, "slow" on the other.
     jobs = {
         "span": ray_job("span", ["cpu"], epochs=4, sleep=0.1, replicas=2),
-        "on-fast": ray_job("on-fast", ["fast"], epochs=2, sleep=0.05),
+        # Long enough (about 10 s of steps) that the spanning job's two-node start, slow on
+        # a loaded machine, falls within it.
+        "on-fast": ray_job("on-fast", ["fast"], epochs=6, sleep=0.1),
         "on-slow": ray_job("on-slow", ["slow"], epochs=2, sleep=0.05),
     }
     for text in jobs.values():

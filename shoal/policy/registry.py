@@ -78,6 +78,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "shoal-no-on-completion": _shoal_ablation(on_completion=False),
     "shoal-no-whole-node": _shoal_ablation(whole_node=False),
     "shoal-no-restart-horizon": _shoal_ablation(restart_horizon=False),
+    "shoal-no-move-over-stop": _shoal_ablation(move_over_stop=False),
 }
 
 

@@ -12,6 +12,9 @@ replicas; whole nodes across nodes, powers of two within one), with binary x[j, 
   with ``restart_horizon`` it is at most H / (H + S) too, H the job's estimated remaining time
   on c: Pollux's rule weighs a restart against the job's past, this against its future, so
   a job about to finish is not moved for a small gain (T is age, N restarts, S the charge);
+  with ``move_over_stop``, a move's ``rho s`` is at least 1.01 times the no-allocation
+  speedup, since stopping a running job costs it the same restart when it resumes: a job
+  that must give up its devices then moves to free ones rather than waiting a round for them;
 * ``p`` sets the fairness of the mean being maximized (for p > 0 the costs are negated, so the
   sum of ``w s^p`` is maximized; p = 1 is total goodput, p -> 0 proportional fairness, p < 0
   fairer still); no devices count as a speedup of ``idle_speedup`` < 1, so any allocation
@@ -80,6 +83,9 @@ from shoal.spec.errors import SpecError
 
 DEVICE_HOUR = 3600.0
 _LEAST_PREEMPTION_FACTOR = 0.01  # charge_preemption: a restart factor of 0 counts as this
+# move_over_stop: a move is valued at this times the no-allocation speedup at least; the margin
+# is well above the MILP's relative gap (1e-6), so the solver does not treat it as a tie.
+_MOVE_OVER_STOP = 1.01
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,10 @@ class ShoalKnobs:
     # A move's charge is also weighed against the job's estimated remaining time on the new
     # configuration, so that a job near its end is not moved for a small gain.
     restart_horizon: bool = True
+    # A running job's move is never valued below stopping it: a stopped job pays the same
+    # restart when it resumes, a round or more later, so moving it at once is the better of
+    # the two.
+    move_over_stop: bool = True
     remaining_work: bool = True
     # Decide as soon as a job arrives (a decision takes milliseconds), not only every round.
     on_arrival: bool = True
@@ -289,6 +299,11 @@ class ShoalPolicy:
                     factors = np.minimum(factors, self._horizon_factors(
                         job, index, goodput, current, charge))
                 speedup = speedup * factors
+                if k.move_over_stop and job.allocation is not None:
+                    # The speedup at which a move is worth what stopping the job is worth.
+                    stopped = (idle[j] / (sign * weight)) ** (1.0 / k.p)
+                    moving = factors < 1.0
+                    speedup[moving] = np.maximum(speedup[moving], stopped * _MOVE_OVER_STOP)
             with np.errstate(divide="ignore"):
                 rows.append(Row(index, sign * weight * speedup**k.p))
             if not job.spec.preemptible and current is not None:

@@ -256,22 +256,53 @@ def test_rank_weighting_gives_the_job_closest_to_done_more_devices():
 
 def test_a_move_that_can_never_pay_for_its_restart_is_not_chosen():
     # Restarted more often than its age covers: any move has restart factor 0 (infinite cost
-    # at p < 0). The solver skips those moves: the job stays where it is or, when another job
-    # gains more from its device, waits (a preemption, not a move).
+    # at p < 0). Without move_over_stop the solver skips those moves: the job stays where it is
+    # or, when another job gains more from its device, waits (a preemption, not a move).
     from dataclasses import replace
 
     from shoal.core.types import Allocation
 
     stuck = replace(_view("stuck", progress=0.5, attained=600.0), num_restarts=40,
                     allocation=Allocation("t4", (0,)), state=JobState.RUNNING)
-    for policy in (ShoalPolicy(weighting="power"), ShoalPolicy(weighting="rank"),
-                   ShoalPolicy(charge_preemption=True)):
+    for policy in (ShoalPolicy(weighting="power", move_over_stop=False),
+                   ShoalPolicy(weighting="rank", move_over_stop=False),
+                   ShoalPolicy(charge_preemption=True, move_over_stop=False)):
         decision = policy.decide([stuck, _view("new")], THREE_NODES, 0.0)
         assert decision["new"].replicas > 1
         if "stuck" in decision:
             assert (decision["stuck"].device_type, decision["stuck"].nodes) == ("t4", (0,))
-    assert "stuck" in ShoalPolicy(weighting="power").decide([stuck, _view("new")], THREE_NODES,
-                                                            0.0)
+    assert "stuck" in ShoalPolicy(weighting="power", move_over_stop=False).decide(
+        [stuck, _view("new")], THREE_NODES, 0.0)
+    # With it (the default) such a move is valued just above stopping the job, never above
+    # staying: alone, the job keeps its device rather than grow.
+    for policy in (ShoalPolicy(), ShoalPolicy(charge_preemption=True)):
+        assert policy.decide([stuck, _view("new")], THREE_NODES, 0.0)["new"].replicas > 1
+        assert policy.decide([stuck], THREE_NODES, 0.0)["stuck"].nodes == (0,)
+
+
+def test_a_job_that_must_give_up_its_devices_moves_to_free_ones_instead_of_stopping():
+    # One t4 device and one v100 device. A young job (restart factor 10 / 130) holds the t4;
+    # a new job that may run only on t4, and ranks first, needs it. Stopping the young job costs
+    # it the same restart when it resumes as moving it to the idle v100 now.
+    from dataclasses import replace
+
+    from shoal.core.types import Allocation
+
+    mixed = ClusterState((NodeInfo(0, "t4", 1), NodeInfo(1, "v100", 1)))
+    base = _view("young", progress=0.5, attained=600.0)
+    model = base.hints.goodput["t4"]
+    young = replace(base, age=10.0, state=JobState.RUNNING, allocation=Allocation("t4", (0,)),
+                    hints=ModelHints({"t4": model, "v100": model}, {"t4": 8, "v100": 8},
+                                     progress=0.5))
+    plain = _view("new")
+    new = replace(plain, spec=plain.spec.model_copy(update={"device_types": ["t4"]}))
+    moved = ShoalPolicy().decide([young, new], mixed, 0.0)
+    assert (moved["new"].device_type, moved["new"].nodes) == ("t4", (0,))
+    assert (moved["young"].device_type, moved["young"].nodes) == ("v100", (1,))
+    stopped = ShoalPolicy(move_over_stop=False).decide([young, new], mixed, 0.0)
+    assert set(stopped) == {"new"}
+    # Alone, it stays: the floor only ranks a move above stopping, never above staying.
+    assert ShoalPolicy().decide([young], mixed, 0.0)["young"].device_type == "t4"
 
 
 def test_a_waiting_job_gets_devices_by_the_no_starvation_bound():

@@ -1,10 +1,12 @@
-"""First in, first out: each job runs at its own size, in submission order, never preempted."""
+"""First in, first out: each job runs at its own size (capped at the largest device type it may
+use), in submission order, never preempted."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from shoal.core.types import ClusterState, Decision, Grant, JobView
+from shoal.policy.fixed_size import fitted_size
 
 
 class FifoPolicy:
@@ -28,7 +30,7 @@ class FifoPolicy:
         for job in sorted(jobs, key=lambda j: (j.submit_time, j.name)):
             if job.allocation is not None:
                 continue
-            want = min(job.spec.num_replicas, job.limits.max_replicas)
+            want = fitted_size(job, cluster, min(job.spec.num_replicas, job.limits.max_replicas))
             if not blocked and want <= free:
                 decision[job.name] = Grant(want, batch_size=job.spec.batch_size)
                 free -= want

@@ -45,6 +45,7 @@ from scipy.optimize import linprog
 from scipy.sparse import coo_matrix, vstack
 
 from shoal.core.types import ClusterState, Decision, Grant, JobView
+from shoal.policy.fixed_size import fitted_size
 
 
 @dataclass(frozen=True)
@@ -126,12 +127,7 @@ class GavelPolicy:
     # ----- inputs -----
     @staticmethod
     def _scale(job: JobView, cluster: ClusterState) -> int:
-        want = min(job.spec.num_replicas, job.limits.max_replicas)
-        if job.spec.rigid:
-            return want
-        allowed = job.spec.device_types or cluster.device_types
-        largest = max((cluster.capacity(t) for t in allowed), default=0)
-        return max(1, min(want, largest))
+        return fitted_size(job, cluster, min(job.spec.num_replicas, job.limits.max_replicas))
 
     @staticmethod
     def _batch(job: JobView) -> int:

@@ -1,7 +1,8 @@
 """Tiresias (NSDI'19), discretized two-queue least-attained-service, as in the Pollux artifact.
 
-Jobs run at their user-given size and batch. A job starts in queue 0 and is demoted to queue 1
-once its attained service (run time x devices) reaches 16 device-hours. Every round, queue 0
+Jobs run at their user-given size (capped at the largest device type they may use) and batch.
+A job starts in queue 0 and is demoted to queue 1 once its attained service (run time x
+devices) reaches 16 device-hours. Every round, queue 0
 then queue 1, each in arrival order, are admitted while their full size fits; admitted jobs
 that were running keep their devices, the others are preempted.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shoal.core.types import ClusterState, Decision, Grant, JobView
+from shoal.policy.fixed_size import fitted_size
 
 
 class TiresiasPolicy:
@@ -53,7 +55,7 @@ class TiresiasPolicy:
         decision: Decision = {}
         for queue in (q0, q1):
             for key in queue:
-                want = by_name[key].spec.num_replicas
+                want = fitted_size(by_name[key], cluster, by_name[key].spec.num_replicas)
                 self._running[key] = want <= free
                 if want <= free:
                     free -= want

@@ -271,7 +271,8 @@ class ShoalPolicy:
         ranked = self._rank_weights(jobs) if k.weighting == "rank" else {}
         for j, job in enumerate(jobs):
             weight = self._weight(job, now, ranked.get(job.name))
-            idle[j] = sign * weight * k.idle_speedup**k.p
+            stopped = k.idle_speedup  # the speedup that no devices count as
+            idle[j] = sign * weight * stopped**k.p
             index, goodput = indices[j], goodputs[j]
             if not k.heterogeneity and job.hints.goodput:
                 goodput = self._type_blind(goodput, table, index)
@@ -285,12 +286,14 @@ class ShoalPolicy:
                 at_most_fair = table.replicas[index] <= fair
                 if at_most_fair.any():
                     base = goodput[at_most_fair].max()
-                idle[j] = sign * weight * (k.idle_speedup * goodput.min() / base) ** k.p
+                stopped = k.idle_speedup * goodput.min() / base
+                idle[j] = sign * weight * stopped**k.p
             charge = self.move_charge(job)
             if k.restart_aware and k.charge_preemption and job.allocation is not None:
                 # The no-allocation speedup times the restart factor, as for a move; floored,
                 # since waiting must stay a finite choice (a move with factor 0 is dropped).
                 factor = max(restart_factor(job, charge), _LEAST_PREEMPTION_FACTOR)
+                stopped *= factor
                 idle[j] *= factor**k.p
             speedup = goodput / base
             if k.restart_aware:
@@ -300,8 +303,6 @@ class ShoalPolicy:
                         job, index, goodput, current, charge))
                 speedup = speedup * factors
                 if k.move_over_stop and job.allocation is not None:
-                    # The speedup at which a move is worth what stopping the job is worth.
-                    stopped = (idle[j] / (sign * weight)) ** (1.0 / k.p)
                     moving = factors < 1.0
                     speedup[moving] = np.maximum(speedup[moving], stopped * _MOVE_OVER_STOP)
             with np.errstate(divide="ignore"):

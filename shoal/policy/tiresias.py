@@ -2,9 +2,9 @@
 
 Jobs run at their user-given size (capped at the largest device type they may use) and batch.
 A job starts in queue 0 and is demoted to queue 1 once its attained service (run time x
-devices) reaches 16 device-hours. Every round, queue 0
-then queue 1, each in arrival order, are admitted while their full size fits; admitted jobs
-that were running keep their devices, the others are preempted.
+devices) reaches 16 device-hours. Every round, queue 0 then queue 1, each in arrival order,
+are admitted while their full size fits; admitted jobs that were running keep their devices,
+the others are preempted.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """First in, first out: each job runs at its own size (capped at the largest device type it may
-use), in submission order, never preempted."""
+use), on one device type, in submission order, never preempted."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from shoal.core.types import ClusterState, Decision, Grant, JobView
-from shoal.policy.fixed_size import fitted_size
+from shoal.policy.fixed_size import FreeByType, fitted_size
 
 
 class FifoPolicy:
@@ -19,21 +19,22 @@ class FifoPolicy:
         self.backfill = backfill
 
     def decide(self, jobs: Sequence[JobView], cluster: ClusterState, now: float) -> Decision:
-        free = cluster.capacity()
+        free = FreeByType(cluster)
         decision: Decision = {}
         for job in jobs:
             if job.allocation is not None:
                 decision[job.name] = Grant(job.allocation.num_replicas,
+                                           job.allocation.device_type,
                                            batch_size=job.spec.batch_size)
-                free -= job.allocation.num_replicas
+                free.hold(job)
         blocked = False
         for job in sorted(jobs, key=lambda j: (j.submit_time, j.name)):
             if job.allocation is not None:
                 continue
             want = fitted_size(job, cluster, min(job.spec.num_replicas, job.limits.max_replicas))
-            if not blocked and want <= free:
-                decision[job.name] = Grant(want, batch_size=job.spec.batch_size)
-                free -= want
+            device_type = None if blocked else free.take(job, want)
+            if device_type is not None:
+                decision[job.name] = Grant(want, device_type, batch_size=job.spec.batch_size)
             elif not self.backfill:
                 blocked = True
         return decision

@@ -18,3 +18,32 @@ def fitted_size(job: JobView, cluster: ClusterState, want: int) -> int:
     if job.spec.rigid:
         return want
     return max(1, min(want, largest_type_capacity(job, cluster)))
+
+
+class FreeByType:
+    """Free devices per device type, for baselines that give each job devices of one type.
+
+    A count over the whole cluster would grant a job devices that no single type holds, and
+    the grant could not be placed while the policy took the job for running.
+    """
+
+    def __init__(self, cluster: ClusterState):
+        self._types = cluster.device_types
+        self.free = {t: cluster.capacity(t) for t in self._types}
+
+    def hold(self, job: JobView) -> None:
+        """Count a running job's devices as taken."""
+        if job.allocation is not None:
+            self.free[job.allocation.device_type] -= job.allocation.num_replicas
+
+    def take(self, job: JobView, replicas: int) -> str | None:
+        """The type ``job`` gets ``replicas`` devices of (its current type first, then the
+        cluster's order, as placement tries them), taking them; None if no type it may use
+        has that many free."""
+        allowed = job.spec.device_types or self._types
+        current = [job.allocation.device_type] if job.allocation is not None else []
+        for device_type in dict.fromkeys([*current, *self._types]):
+            if device_type in allowed and self.free.get(device_type, 0) >= replicas:
+                self.free[device_type] -= replicas
+                return device_type
+        return None

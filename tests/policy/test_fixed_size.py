@@ -1,6 +1,17 @@
 """Fixed-size baselines on a mixed cluster: a job larger than every device type."""
 
-from shoal.core.types import ClusterState, JobLimits, JobState, JobView, ModelHints
+from dataclasses import replace
+
+from shoal.core.placement import place
+from shoal.core.types import (
+    Allocation,
+    ClusterState,
+    Grant,
+    JobLimits,
+    JobState,
+    JobView,
+    ModelHints,
+)
 from shoal.policy.fifo import FifoPolicy
 from shoal.policy.fixed_size import fitted_size
 from shoal.policy.gavel import GavelPolicy
@@ -34,3 +45,25 @@ def test_fifo_and_tiresias_grant_a_placeable_size():
         decision = policy.decide([_job("big", 12)], MIXED, 0.0)
         assert decision["big"].replicas == 8, policy
     assert GavelPolicy._scale(_job("big", 12), MIXED) == 8
+
+
+def test_fifo_and_tiresias_count_free_devices_per_type():
+    # 12 devices in all, but after a (6 t4) and b (3, on the v100s) no type has 3 free for c.
+    jobs = [_job("a", 6), _job("b", 3), _job("c", 3), _job("d", 1)]
+    jobs = [replace(job, submit_time=float(i)) for i, job in enumerate(jobs)]
+    for policy in (FifoPolicy(), FifoPolicy(backfill=True), TiresiasPolicy()):
+        decision = policy.decide(jobs, MIXED, 0.0)
+        assert (decision["a"].device_type, decision["b"].device_type) == ("t4", "v100"), policy
+        assert "c" not in decision, policy
+        # Every grant is placed: the policy runs exactly the jobs it believes it runs.
+        assert set(place(decision, MIXED, {})) == set(decision), policy
+    assert "d" not in FifoPolicy().decide(jobs, MIXED, 0.0)  # behind c, in order
+    assert "d" in FifoPolicy(backfill=True).decide(jobs, MIXED, 0.0)
+
+
+def test_a_running_job_keeps_its_type_when_another_fits_first():
+    running = replace(_job("a", 4), state=JobState.RUNNING,
+                      allocation=Allocation("v100", (2, 2, 2, 2)))
+    for policy in (FifoPolicy(), TiresiasPolicy()):
+        decision = policy.decide([running], MIXED, 0.0)
+        assert decision["a"] == Grant(4, "v100", batch_size=running.spec.batch_size), policy

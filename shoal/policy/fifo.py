@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shoal.core.types import ClusterState, Decision, Grant, JobView
-from shoal.policy.fixed_size import FreeByType, fitted_size
+from shoal.policy.fixed_size import FreeByType, requested_size
 
 
 class FifoPolicy:
@@ -31,7 +31,7 @@ class FifoPolicy:
         for job in sorted(jobs, key=lambda j: (j.submit_time, j.name)):
             if job.allocation is not None:
                 continue
-            want = fitted_size(job, cluster, min(job.spec.num_replicas, job.limits.max_replicas))
+            want = requested_size(job, cluster)
             device_type = None if blocked else free.take(job, want)
             if device_type is not None:
                 decision[job.name] = Grant(want, device_type, batch_size=job.spec.batch_size)

@@ -20,6 +20,12 @@ def fitted_size(job: JobView, cluster: ClusterState, want: int) -> int:
     return max(1, min(want, largest_type_capacity(job, cluster)))
 
 
+def requested_size(job: JobView, cluster: ClusterState) -> int:
+    """The size a fixed-size baseline runs ``job`` at: its submitted replicas within its
+    replica bound, capped at the largest type it may use (see :func:`fitted_size`)."""
+    return fitted_size(job, cluster, min(job.spec.num_replicas, job.limits.max_replicas))
+
+
 class FreeByType:
     """Free devices per device type, for baselines that give each job devices of one type.
 

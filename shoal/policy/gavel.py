@@ -45,7 +45,7 @@ from scipy.optimize import linprog
 from scipy.sparse import coo_matrix, vstack
 
 from shoal.core.types import ClusterState, Decision, Grant, JobView
-from shoal.policy.fixed_size import fitted_size
+from shoal.policy.fixed_size import requested_size
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ class GavelPolicy:
     # ----- inputs -----
     @staticmethod
     def _scale(job: JobView, cluster: ClusterState) -> int:
-        return fitted_size(job, cluster, min(job.spec.num_replicas, job.limits.max_replicas))
+        return requested_size(job, cluster)
 
     @staticmethod
     def _batch(job: JobView) -> int:

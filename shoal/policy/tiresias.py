@@ -1,10 +1,11 @@
 """Tiresias (NSDI'19), discretized two-queue least-attained-service, as in the Pollux artifact.
 
-Jobs run at their user-given size (capped at the largest device type they may use) and batch.
-A job starts in queue 0 and is demoted to queue 1 once its attained service (run time x
-devices) reaches 16 device-hours. Every round, queue 0 then queue 1, each in arrival order,
-are admitted while their full size fits on one device type they may use (their current type
-first); admitted jobs that were running keep their devices, the others are preempted.
+Jobs run at their user-given size (within their replica bound, capped at the largest device type
+they may use) and batch. A job starts in queue 0 and is demoted to queue 1 once its attained
+service (run time x devices) reaches 16 device-hours. Every round, queue 0 then queue 1, each in
+arrival order, are admitted while their full size fits on one device type they may use (their
+current type first); admitted jobs that were running keep their devices, the others are
+preempted.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shoal.core.types import ClusterState, Decision, Grant, JobView
-from shoal.policy.fixed_size import FreeByType, fitted_size
+from shoal.policy.fixed_size import FreeByType, requested_size
 
 
 class TiresiasPolicy:
@@ -55,7 +56,7 @@ class TiresiasPolicy:
         decision: Decision = {}
         for queue in (q0, q1):
             for key in queue:
-                want = fitted_size(by_name[key], cluster, by_name[key].spec.num_replicas)
+                want = requested_size(by_name[key], cluster)
                 device_type = free.take(by_name[key], want)
                 self._running[key] = device_type is not None
                 if device_type is not None:

@@ -38,8 +38,8 @@ class FreeByType:
         self.free = {t: cluster.capacity(t) for t in self._types}
 
     def hold(self, job: JobView) -> None:
-        """Count a running job's devices as taken."""
-        if job.allocation is not None:
+        """Count a running job's devices as taken (on a type the cluster still has)."""
+        if job.allocation is not None and job.allocation.device_type in self.free:
             self.free[job.allocation.device_type] -= job.allocation.num_replicas
 
     def take(self, job: JobView, replicas: int) -> str | None:

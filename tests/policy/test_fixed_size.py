@@ -67,3 +67,10 @@ def test_a_running_job_keeps_its_type_when_another_fits_first():
     for policy in (FifoPolicy(), TiresiasPolicy()):
         decision = policy.decide([running], MIXED, 0.0)
         assert decision["a"] == Grant(4, "v100", batch_size=running.spec.batch_size), policy
+
+
+def test_a_job_running_on_a_type_the_cluster_no_longer_has_does_not_break_the_count():
+    gone = replace(_job("old", 2), state=JobState.RUNNING, allocation=Allocation("k80", (7, 7)))
+    for policy in (FifoPolicy(), TiresiasPolicy()):
+        decision = policy.decide([gone, _job("new", 4)], MIXED, 0.0)
+        assert decision["new"].device_type == "t4", policy

@@ -50,12 +50,13 @@ def goodput_rows(jobs: Sequence[JobView], table: ConfigTable, indices: Sequence[
                  fixed_batch: bool = False) -> list[np.ndarray]:
     """:func:`goodput_row` of every job at once: one vectorized pass over all pairs.
 
-    With ``fixed_batch`` jobs run at their initial batch size (a policy that does not adapt
-    batch sizes): goodput is evaluated at that batch, and configurations whose replicas would
-    each get less than the smallest micro-batch the job runs with get none.
+    With ``fixed_batch`` jobs run at a fixed global batch (a policy that does not adapt batch
+    sizes): the user's ``batch_size``, which such a policy grants, else the model's initial
+    batch. Goodput is evaluated at that batch, and configurations whose replicas would each get
+    less than the smallest micro-batch the job runs with get none.
     """
     models: list[GoodputModel] = []
-    slot: dict[int, int] = {}
+    slot: dict[tuple[int, int | None], int] = {}
     model_of: list[np.ndarray] = []
     linear: list[np.ndarray] = []
     custom: dict[int, np.ndarray] = {}
@@ -72,10 +73,11 @@ def goodput_rows(jobs: Sequence[JobView], table: ConfigTable, indices: Sequence[
         per_type = np.empty(len(table.types), dtype=int)
         for t, name in enumerate(table.types):
             model = by_type.get(name, fallback)
-            per_type[t] = slot.setdefault(id(model), len(models))
+            batch = (job.spec.batch_size or model.init_batch_size) if fixed_batch else None
+            per_type[t] = slot.setdefault((id(model), batch), len(models))
             if per_type[t] == len(models):
-                models.append(dataclasses.replace(model, max_batch_size=model.init_batch_size)
-                              if fixed_batch else model)
+                models.append(model if batch is None else dataclasses.replace(
+                    model, init_batch_size=batch, max_batch_size=batch))
         model_of.append(per_type[table.type_index[index]])
     flat = np.concatenate(indices) if indices else np.zeros(0, dtype=int)
     is_linear = np.concatenate(linear) if linear else np.zeros(0, dtype=bool)

@@ -120,6 +120,16 @@ def test_without_batch_adaptation_no_replica_gets_less_than_its_smallest_micro_b
     assert ShoalPolicy().decide([_view("a", profiled=32)], THREE_NODES, 0)["a"].replicas > 4
 
 
+def test_without_batch_adaptation_goodput_is_that_of_the_users_batch():
+    # The user's batch of 4096, not the model's initial 64, is what the job will run at: with
+    # a smallest micro-batch of 16 it may use every device, and 32 allows two replicas only.
+    large = _view("a", profiled=32)
+    large = dataclasses.replace(large, spec=large.spec.model_copy(update={"batch_size": 4096}))
+    assert ShoalPolicy(adapt_batch=False).decide([large], THREE_NODES, 0)["a"].replicas > 4
+    small = dataclasses.replace(large, spec=large.spec.model_copy(update={"batch_size": 32}))
+    assert ShoalPolicy(adapt_batch=False).decide([small], THREE_NODES, 0)["a"].replicas <= 2
+
+
 def test_a_long_job_among_many_short_ones_finishes(profiles):
     cluster = parse_cluster({
         "name": "tiny", "device_types": [{"name": "t4", "memory_gb": 16}],

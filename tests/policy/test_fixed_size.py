@@ -15,6 +15,7 @@ from shoal.core.types import (
 from shoal.policy.fifo import FifoPolicy
 from shoal.policy.fixed_size import fitted_size
 from shoal.policy.gavel import GavelPolicy
+from shoal.policy.optimus import OptimusPolicy
 from shoal.policy.tiresias import TiresiasPolicy
 from shoal.spec import JobSpec
 from shoal.spec.cluster import NodeInfo
@@ -74,3 +75,15 @@ def test_a_job_running_on_a_type_the_cluster_no_longer_has_does_not_break_the_co
     for policy in (FifoPolicy(), TiresiasPolicy()):
         decision = policy.decide([gone, _job("new", 4)], MIXED, 0.0)
         assert decision["new"].device_type == "t4", policy
+
+
+def test_optimus_grows_each_job_within_one_type():
+    # Optimus hands out all 12 devices; type-blind counting granted sizes (e.g. 5 + 4 + 3)
+    # that two types of 8 and 4 cannot hold, and the largest grants went unplaced.
+    jobs = [_job(name, 8) for name in ("a", "b", "c")]
+    decision = OptimusPolicy().decide(jobs, MIXED, 0.0)
+    assert sum(g.replicas for g in decision.values()) == 12
+    for device_type in ("t4", "v100"):
+        assert sum(g.replicas for g in decision.values()
+                   if g.device_type == device_type) == MIXED.capacity(device_type)
+    assert set(place(decision, MIXED, {})) == set(decision)

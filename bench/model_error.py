@@ -54,9 +54,8 @@ def first_run_errors(workload: Path, cluster: str, profiles: Path, policy: str,
             last[job.name] = config
             model = job.goodput_model(alloc.device_type)
             if model is not None:
-                step, sync = job.app.step_and_sync(alloc.placement, job.atomic_bsz,
-                                                   alloc.device_type)
-                measured = step + (step - sync) * job.accum_steps
+                measured = job.app.step_time(alloc.placement, job.atomic_bsz,
+                                             job.accum_steps, alloc.device_type)
                 nodes = len(alloc.placement)
                 predicted = float(predict_step_time(model.perf, nodes, alloc.num_replicas,
                                                     job.atomic_bsz, job.accum_steps))

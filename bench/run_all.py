@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/run_all.py [--suite quick|full] [--only NAME,...] [--out out/bench]
 
-``quick`` (about 3.5 minutes on 2 cores) runs the benchmarks that finish in minutes, at
+``quick`` (about 3 minutes on 2 cores) runs the benchmarks that finish in minutes, at
 settings small enough for a laptop; ``full`` adds the long ones at the settings the figures in
 ``docs/`` were measured with (several hours on 2 cores). Each benchmark prints its own table
 and writes its JSON under ``--out``; at the end one table lists each benchmark's status, wall

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from shoal.core.types import ClusterState, JobView
+
+
+def allowed_types(job: JobView, types: Sequence[str]) -> list[str]:
+    """Those of ``types`` that ``job`` may run on (all of them unless its spec names some)."""
+    return [t for t in types if not job.spec.device_types or t in job.spec.device_types]
 
 
 def largest_type_capacity(job: JobView, cluster: ClusterState) -> int:
     """Devices of the largest device type ``job`` may use (a job runs on one type)."""
-    allowed = job.spec.device_types or cluster.device_types
-    return max((cluster.capacity(t) for t in allowed), default=0)
+    return max((cluster.capacity(t) for t in allowed_types(job, cluster.device_types)),
+               default=0)
 
 
 def fitted_size(job: JobView, cluster: ClusterState, want: int) -> int:
@@ -46,10 +53,9 @@ class FreeByType:
         """The type ``job`` gets ``replicas`` devices of (its current type first, then the
         cluster's order, as placement tries them), taking them; None if no type it may use
         has that many free."""
-        allowed = job.spec.device_types or self._types
         current = [job.allocation.device_type] if job.allocation is not None else []
-        for device_type in dict.fromkeys([*current, *self._types]):
-            if device_type in allowed and self.free.get(device_type, 0) >= replicas:
+        for device_type in allowed_types(job, list(dict.fromkeys([*current, *self._types]))):
+            if self.free.get(device_type, 0) >= replicas:
                 self.free[device_type] -= replicas
                 return device_type
         return None

@@ -45,7 +45,7 @@ from scipy.optimize import linprog
 from scipy.sparse import coo_matrix, vstack
 
 from shoal.core.types import ClusterState, Decision, Grant, JobView
-from shoal.policy.fixed_size import requested_size
+from shoal.policy.fixed_size import allowed_types, requested_size
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ class GavelPolicy:
             elif oracle_throughput is not None:
                 known[dtype] = float(oracle_throughput(dtype, scale, batch))
         fill = float(np.mean(list(known.values()))) if known else 1.0
-        allowed = set(job.spec.device_types or types)
+        allowed = set(allowed_types(job, types))
         return np.array([
             known.get(t, fill) if t in allowed and cluster.capacity(t) >= scale else 0.0
             for t in types

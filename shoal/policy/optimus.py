@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shoal.core.types import ClusterState, Decision, Grant, JobView
+from shoal.policy.fixed_size import allowed_types
 
 
 def _max_replicas(job: JobView, largest_type: int) -> int:
@@ -49,7 +50,8 @@ class OptimusPolicy:
     decides_on_completion = False
 
     def decide(self, jobs: Sequence[JobView], cluster: ClusterState, now: float) -> Decision:
-        free = {t: cluster.capacity(t) for t in cluster.device_types}
+        capacity = {t: cluster.capacity(t) for t in cluster.device_types}
+        free = dict(capacity)
         remaining = {j.name: _remaining(j) for j in jobs}
         replicas: dict[str, int] = {}
         device_type: dict[str, str] = {}
@@ -57,7 +59,7 @@ class OptimusPolicy:
 
         def marginal(job: JobView) -> float:
             n, dtype = replicas[job.name], device_type[job.name]
-            if n + 1 > _max_replicas(job, cluster.capacity(dtype)) or free[dtype] < 1:
+            if n + 1 > _max_replicas(job, capacity[dtype]) or free[dtype] < 1:
                 return 0.0
             return (_step_time(job, n) - _step_time(job, n + 1)) * remaining[job.name]
 
@@ -88,8 +90,7 @@ def _first_type(job: JobView, free: dict[str, int], jobs_on: dict[str, int]) -> 
     """The type a job's first device comes from: its current type while that has a free
     device, else the allowed type with the most free devices per job already on it; None if
     no allowed type has a free device."""
-    allowed = [t for t in free if free[t] > 0
-               and (not job.spec.device_types or t in job.spec.device_types)]
+    allowed = [t for t in allowed_types(job, list(free)) if free[t] > 0]
     current = job.allocation.device_type if job.allocation is not None else None
     if current in allowed:
         return current

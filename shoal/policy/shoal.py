@@ -287,14 +287,12 @@ class ShoalPolicy:
                 if at_most_fair.any():
                     base = goodput[at_most_fair].max()
                 stopped = k.idle_speedup * goodput.min() / base
-                idle[j] = sign * weight * stopped**k.p
             charge = self.move_charge(job)
             if k.restart_aware and k.charge_preemption and job.allocation is not None:
                 # The no-allocation speedup times the restart factor, as for a move; floored,
                 # since waiting must stay a finite choice (a move with factor 0 is dropped).
-                factor = max(restart_factor(job, charge), _LEAST_PREEMPTION_FACTOR)
-                stopped *= factor
-                idle[j] *= factor**k.p
+                stopped *= max(restart_factor(job, charge), _LEAST_PREEMPTION_FACTOR)
+            idle[j] = sign * weight * stopped**k.p
             speedup = goodput / base
             if k.restart_aware:
                 factors = restart_factors(job, index, current, charge)

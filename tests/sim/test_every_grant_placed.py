@@ -27,6 +27,7 @@ def test_every_grant_of_every_policy_is_placed_on_a_mixed_cluster(policy, tmp_pa
     head = tmp_path / "w20.csv"
     head.write_text("".join(WORKLOAD.read_text().splitlines(keepends=True)[:21]))
     unplaced: list[tuple[str, int]] = []
+    scheduler_place = scheduler.place
 
     def recording_place(decision, cluster, current):
         placed = scheduler_place(decision, cluster, current)
@@ -34,7 +35,6 @@ def test_every_grant_of_every_policy_is_placed_on_a_mixed_cluster(policy, tmp_pa
                         if grant.replicas > 0 and name not in placed)
         return placed
 
-    scheduler_place = scheduler.place
     with mock.patch.object(scheduler, "place", recording_place):
         result = simulate(load_workload_csv(head), tuned_policy(policy, {}),
                           load_cluster("hetero-64"), ProfileLibrary(ROOT / "data" /

@@ -60,8 +60,7 @@ class SimOracle:
             accum = max(1, accum)
         atomic = math.ceil(local / (accum + 1) - 1e-8)
         atomic = min(atomic, int(lim.max_batch_size / (num_replicas * (accum + 1))))
-        step, sync = job.app.step_and_sync(placement, atomic, dtype)
-        return step + (step - sync) * accum
+        return job.app.step_time(placement, atomic, accum, dtype)
 
 
 def _snapshot(job: SimJob | PlannedSimJob) -> dict:

@@ -13,7 +13,7 @@ from dataclasses import replace
 import numpy as np
 
 from shoal.backends.sim.pause import RestartPause
-from shoal.backends.sim.profile import ApplicationProfile
+from shoal.backends.sim.profile import ApplicationProfile, optimizer_step_time
 from shoal.core.types import Allocation, JobLimits, ModelHints
 from shoal.perf.efficiency import GradStats
 from shoal.perf.goodput import GoodputModel
@@ -260,7 +260,7 @@ class SimJob(RestartPause):
             gain = (grad_var + grad_sqr) / (grad_var / scale + grad_sqr)
             self._record(alloc.device_type, nodes, replicas, self.atomic_bsz, step, sync,
                          grad_sqr, grad_var)
-            step_time = step + (step - sync) * self.accum_steps
+            step_time = optimizer_step_time(step, sync, self.accum_steps)
             rate = gain / step_time
             target = app.progress_at(self.epoch + 1)
             if self.progress + rate * seconds < target:

@@ -225,6 +225,18 @@ class ApplicationProfile:
         """Measured (step, sync) seconds of one micro-batch step at this placement."""
         return self.devices[device_type].step_and_sync(placement, local_bsz)
 
+    def step_time(self, placement: tuple[int, ...], atomic_bsz: float, accum_steps: int,
+                  device_type: str = BASE_DEVICE_TYPE) -> float:
+        """Seconds per optimizer step at this placement (see :func:`optimizer_step_time`)."""
+        step, sync = self.step_and_sync(placement, atomic_bsz, device_type)
+        return optimizer_step_time(step, sync, accum_steps)
+
+
+def optimizer_step_time(step: float, sync: float, accum_steps: int) -> float:
+    """Seconds per optimizer step from one micro-batch step's measured (step, sync) seconds:
+    each of the ``accum_steps`` extra micro-batches computes without synchronizing."""
+    return step + (step - sync) * accum_steps
+
 
 class ProfileLibrary:
     """All applications in a profile directory, loaded on first use."""

@@ -170,6 +170,11 @@ def fit_perf_params(
 
     ``warm_start`` (the previous fit of the same job) starts the search there instead of at
     the generic initial point: refits after one more observation then take a few iterations.
+
+    The search runs on the micro-batch in units of its largest observed value. In samples, the
+    per-sample term of a large-batch model (a recommender at 16384 samples per step) is four
+    orders of magnitude below the constant term, and L-BFGS-B stops far from the optimum: one
+    observation at 16384 was fitted 69% slow.
     """
     nodes = np.asarray(num_nodes, dtype=float)
     replicas = np.asarray(num_replicas, dtype=float)
@@ -196,19 +201,22 @@ def fit_perf_params(
         pin(3, _TINY)
         pin(5, _TINY)
 
+    scale = float(bsz.max())
     if warm_start is not None:
+        warm = warm_start.as_array().copy()
+        warm[1] *= scale
         # A term the previous fit had pinned near zero (no observation of it then) starts from
         # the generic point: from ~1e-8 the bn/an regularizer's gradient is so steep that the
         # search stalls there, and the first multi-node run would be fitted as free of network.
         init = [
             i if v <= _PINNED_BELOW and lo < hi else float(np.clip(v, lo, hi))
-            for v, i, lo, hi in zip(warm_start.as_array(), init, lower, upper, strict=True)
+            for v, i, lo, hi in zip(warm, init, lower, upper, strict=True)
         ]
     inter = (nodes > 1).astype(float)
     intra = ((nodes <= 1) & (replicas > 1)).astype(float)
     single = 1.0 - inter - intra
     retro = np.maximum(replicas - 2, _TINY)
-    args = (bsz, np.log(grad_obs), np.log(step_obs), inter, intra, single, retro)
+    args = (bsz / scale, np.log(grad_obs), np.log(step_obs), inter, intra, single, retro)
     result = scipy.optimize.minimize(
         _objective,
         np.array(init),
@@ -219,6 +227,7 @@ def fit_perf_params(
         options={"ftol": _FTOL},
     )
     theta = result.x.copy()
+    theta[1] /= scale
     if not np.any(nodes > 1):
         theta[2] = max(theta[2], theta[4] * 1.1)
         theta[3] = max(theta[3], theta[5] * 1.1)

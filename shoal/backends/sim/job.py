@@ -97,7 +97,12 @@ class SimJob(RestartPause):
         counted in ``profiling_seconds``. Larger configurations of a type are then projected
         from the scaling the job observes on another type (see :meth:`goodput_model`).
         """
-        bsz = min(self.limits.init_batch_size, self.limits.max_local_bsz)
+        if self.fixed_batch is not None:
+            # A fixed-batch job is profiled at the micro-batch it will run: a model fitted at
+            # another micro-batch mispredicts jobs whose batch is far from the initial one.
+            bsz, _ = self._micro_batch(self.fixed_batch, 1)
+        else:
+            bsz = min(self.limits.init_batch_size, self.limits.max_local_bsz)
         for dtype in device_types:
             if dtype not in self.app.devices:
                 continue
@@ -157,6 +162,15 @@ class SimJob(RestartPause):
             accum = max(1, accum)
         return math.ceil(local / (accum + 1) - _EPS), accum
 
+    def _micro_batch(self, batch_size: float, replicas: int) -> tuple[int, int]:
+        """The (micro-batch, accumulation steps) that run ``batch_size`` on ``replicas``,
+        capped so that one optimizer step stays within the job's largest batch."""
+        atomic, accum = self._split(batch_size, replicas)
+        return self._capped(atomic, accum, replicas), accum
+
+    def _capped(self, atomic: int, accum: int, replicas: int) -> int:
+        return min(atomic, int(self.limits.max_batch_size / (replicas * (accum + 1))))
+
     def choose_batch(self) -> None:
         alloc = self.allocation
         assert alloc is not None
@@ -175,8 +189,7 @@ class SimJob(RestartPause):
                 choice = model.optimize(len(alloc.placement), replicas)
                 self._batch_memo = (key, int(choice.atomic_bsz), int(choice.accum_steps))
             self.atomic_bsz, self.accum_steps = self._batch_memo[1], self._batch_memo[2]
-        count = replicas * (self.accum_steps + 1)
-        self.atomic_bsz = min(self.atomic_bsz, int(lim.max_batch_size / count))
+        self.atomic_bsz = self._capped(self.atomic_bsz, self.accum_steps, replicas)
 
     @property
     def batch_size(self) -> int:

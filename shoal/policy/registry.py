@@ -79,6 +79,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "shoal-no-whole-node": _shoal_ablation(whole_node=False),
     "shoal-no-restart-horizon": _shoal_ablation(restart_horizon=False),
     "shoal-no-move-over-stop": _shoal_ablation(move_over_stop=False),
+    "shoal-no-prior-progress": _shoal_ablation(prior_progress=0.0),
 }
 
 

@@ -23,7 +23,13 @@ replicas; whole nodes across nodes, powers of two within one), with binary x[j, 
   ``H`` one device-hour. The waiting term grows without bound, so no job starves: a waiting
   job's weight eventually exceeds any running job's.
 * ``r_j`` turns remaining work into priority. ``R_j`` estimates j's remaining device-seconds
-  from progress and attained service (least attained service while nothing is known).
+  from progress and attained service (least attained service while nothing is known): the
+  extrapolation A (1 - P) / P, A attained device-seconds and P progress, shrunk toward the
+  median extrapolation of the jobs with P >= ``prior_progress`` (kappa) as
+  (P R + kappa R0) / (P + kappa). A job a second into training has A mostly start-up time
+  and P near zero, so its extrapolation can be 100x its true size; it would rank last, be
+  stopped and wait. The prior counts as kappa of progress, so by P = kappa the job's own
+  extrapolation has half the say.
   With ``weighting="rank"`` (default), r_j follows heSRPT (Berg, Vesilo and Harchol-Balter,
   2020): for jobs whose speedup on n devices is n^sigma, all present, the allocation that
   minimizes mean JCT gives the k-th largest of M remaining jobs the share
@@ -118,6 +124,8 @@ class ShoalKnobs:
     # the two.
     move_over_stop: bool = True
     remaining_work: bool = True
+    # The progress that the prior of the remaining-work estimate counts for (0: no prior).
+    prior_progress: float = 0.02
     # Decide as soon as a job arrives (a decision takes milliseconds), not only every round.
     on_arrival: bool = True
     # Decide as soon as a job finishes, so its devices go to other jobs at once.
@@ -144,6 +152,9 @@ class ShoalKnobs:
                             if self.restart_delay < 0 else "growth")
         if self.restart_charge < 0:
             raise SpecError(f"must be >= 0, got {self.restart_charge}", field="restart_charge")
+        if not 0.0 <= self.prior_progress < 1.0:
+            raise SpecError(f"must be in [0, 1), got {self.prior_progress}",
+                            field="prior_progress")
 
     @classmethod
     def overrides(cls, pairs: Sequence[str]) -> dict[str, object]:
@@ -190,6 +201,7 @@ class ShoalPolicy:
         self.decides_on_arrival = knobs.on_arrival
         self.decides_on_completion = knobs.on_completion
         self._waiting_since: dict[str, float] = {}
+        self._prior: float | None = None
         self.last_status = ""
 
     @property
@@ -217,10 +229,24 @@ class ShoalPolicy:
         return k.restart_charge * job.restart_seconds
 
     @staticmethod
-    def _remaining(job: JobView) -> float:
+    def _extrapolated(job: JobView) -> float:
         progress = job.hints.progress
         attained = job.attained_service
         return attained * (1 - progress) / progress if progress > 0 else attained
+
+    def _remaining(self, job: JobView) -> float:
+        """Estimated remaining device-seconds: the job's extrapolation shrunk toward the
+        prior of this decision (see the module docstring)."""
+        progress, kappa = job.hints.progress, self.knobs.prior_progress
+        own = self._extrapolated(job)
+        if progress <= 0 or self._prior is None:
+            return own
+        return (progress * own + kappa * self._prior) / (progress + kappa)
+
+    def _set_prior(self, jobs: Sequence[JobView]) -> None:
+        kappa = self.knobs.prior_progress
+        known = [self._extrapolated(job) for job in jobs if job.hints.progress >= kappa]
+        self._prior = float(np.median(known)) if kappa > 0 and known else None
 
     def _rank_weights(self, jobs: Sequence[JobView]) -> dict[str, float]:
         """heSRPT (Berg et al. 2020): with speedup n^sigma and no arrivals, the mean-JCT optimal
@@ -268,6 +294,7 @@ class ShoalPolicy:
                               replica_bound(job, capacity) if k.whole_node else None)
                    for job in jobs]
         goodputs = goodput_rows(jobs, table, indices, fixed_batch=not k.adapt_batch)
+        self._set_prior(jobs)
         ranked = self._rank_weights(jobs) if k.weighting == "rank" else {}
         for j, job in enumerate(jobs):
             weight = self._weight(job, now, ranked.get(job.name))

@@ -113,6 +113,19 @@ def test_remaining_work_knob_prefers_the_shorter_job():
         assert (srpt["short"].replicas, srpt["long"].replicas) == (8, 4)
 
 
+def test_a_job_a_second_into_training_is_not_ranked_behind_every_other_job():
+    # 124 device-seconds, 120 of them start-up, at progress 0.0004: its own extrapolation says
+    # 310000 device-seconds are left, 4x the longest established job's. The prior (the
+    # established jobs' median, 11500) makes it rank between c and d.
+    jobs = [_view("a", progress=0.5, attained=2000.0), _view("b", progress=0.3, attained=3000.0),
+            _view("c", progress=0.2, attained=4000.0), _view("d", progress=0.1, attained=9000.0),
+            _view("fresh", progress=0.0004, attained=124.0)]
+    without = ShoalPolicy(prior_progress=0.0).decide(jobs, THREE_NODES, 0.0)
+    assert "fresh" not in without and without["d"].replicas > 0
+    shrunk = ShoalPolicy().decide(jobs, THREE_NODES, 0.0)
+    assert shrunk["fresh"].replicas > 0 and "d" not in shrunk
+
+
 def test_without_batch_adaptation_no_replica_gets_less_than_its_smallest_micro_batch():
     # Batch 64, smallest micro-batch 16: at most 4 replicas, however many devices are idle.
     decision = ShoalPolicy(adapt_batch=False).decide([_view("a", profiled=32)], THREE_NODES, 0)

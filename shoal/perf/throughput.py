@@ -174,7 +174,7 @@ def fit_perf_params(
     The search runs on the micro-batch in units of its largest observed value. In samples, the
     per-sample term of a large-batch model (a recommender at 16384 samples per step) is four
     orders of magnitude below the constant term, and L-BFGS-B stops far from the optimum: one
-    observation at 16384 was fitted 69% slow.
+    observation at 16384 was fitted 65% slow.
     """
     nodes = np.asarray(num_nodes, dtype=float)
     replicas = np.asarray(num_replicas, dtype=float)

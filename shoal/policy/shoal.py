@@ -201,7 +201,6 @@ class ShoalPolicy:
         self.decides_on_arrival = knobs.on_arrival
         self.decides_on_completion = knobs.on_completion
         self._waiting_since: dict[str, float] = {}
-        self._prior: float | None = None
         self.last_status = ""
 
     @property
@@ -234,26 +233,26 @@ class ShoalPolicy:
         attained = job.attained_service
         return attained * (1 - progress) / progress if progress > 0 else attained
 
-    def _remaining(self, job: JobView) -> float:
-        """Estimated remaining device-seconds: the job's extrapolation shrunk toward the
-        prior of this decision (see the module docstring)."""
-        progress, kappa = job.hints.progress, self.knobs.prior_progress
-        own = self._extrapolated(job)
-        if progress <= 0 or self._prior is None:
-            return own
-        return (progress * own + kappa * self._prior) / (progress + kappa)
-
-    def _set_prior(self, jobs: Sequence[JobView]) -> None:
+    def _remaining_work(self, jobs: Sequence[JobView]) -> dict[str, float]:
+        """Each job's estimated remaining device-seconds for this decision: its extrapolation
+        shrunk toward the median extrapolation of the jobs past ``prior_progress`` (see the
+        module docstring)."""
+        own = {job.name: self._extrapolated(job) for job in jobs}
         kappa = self.knobs.prior_progress
-        known = [self._extrapolated(job) for job in jobs if job.hints.progress >= kappa]
-        self._prior = float(np.median(known)) if kappa > 0 and known else None
+        known = [own[job.name] for job in jobs if job.hints.progress >= kappa] if kappa > 0 else []
+        if not known:
+            return own
+        prior = float(np.median(known))
+        return {job.name: own[job.name] if job.hints.progress <= 0 else
+                (job.hints.progress * own[job.name] + kappa * prior) / (job.hints.progress + kappa)
+                for job in jobs}
 
-    def _rank_weights(self, jobs: Sequence[JobView]) -> dict[str, float]:
+    def _rank_weights(self, jobs: Sequence[JobView],
+                      remaining: dict[str, float]) -> dict[str, float]:
         """heSRPT (Berg et al. 2020): with speedup n^sigma and no arrivals, the mean-JCT optimal
         share of the k-th largest of M remaining jobs is (k/M)^c - ((k-1)/M)^c, c = 1/(1-sigma).
         The weight that makes this objective's optimum give that share is share^(1 - p sigma)."""
         k = self.knobs
-        remaining = {job.name: self._remaining(job) for job in jobs}
         order = sorted(jobs, key=lambda job: remaining[job.name], reverse=True)
         m, c = len(order), 1.0 / (1.0 - k.sigma)
         out = {}
@@ -264,14 +263,15 @@ class ShoalPolicy:
             out.update(dict.fromkeys(group, share ** (1.0 - k.p * k.sigma)))
         return out
 
-    def _weight(self, job: JobView, now: float, rank_weight: float | None) -> float:
+    def _weight(self, job: JobView, now: float, rank_weight: float | None,
+                remaining: float) -> float:
         k = self.knobs
         weight = job.spec.weight
         if k.remaining_work:
             if rank_weight is not None:
                 weight *= rank_weight
             else:
-                weight *= (1 + self._remaining(job) / DEVICE_HOUR) ** (-k.alpha)
+                weight *= (1 + remaining / DEVICE_HOUR) ** (-k.alpha)
         if job.allocation is None:
             since = self._waiting_since.setdefault(job.name, now)
             weight *= 1 + (now - since) / DEVICE_HOUR
@@ -294,10 +294,10 @@ class ShoalPolicy:
                               replica_bound(job, capacity) if k.whole_node else None)
                    for job in jobs]
         goodputs = goodput_rows(jobs, table, indices, fixed_batch=not k.adapt_batch)
-        self._set_prior(jobs)
-        ranked = self._rank_weights(jobs) if k.weighting == "rank" else {}
+        remaining = self._remaining_work(jobs)
+        ranked = self._rank_weights(jobs, remaining) if k.weighting == "rank" else {}
         for j, job in enumerate(jobs):
-            weight = self._weight(job, now, ranked.get(job.name))
+            weight = self._weight(job, now, ranked.get(job.name), remaining[job.name])
             stopped = k.idle_speedup  # the speedup that no devices count as
             idle[j] = sign * weight * stopped**k.p
             index, goodput = indices[j], goodputs[j]
@@ -325,7 +325,7 @@ class ShoalPolicy:
                 factors = restart_factors(job, index, current, charge)
                 if k.restart_horizon:
                     factors = np.minimum(factors, self._horizon_factors(
-                        job, index, goodput, current, charge))
+                        job, index, goodput, current, charge, remaining[job.name]))
                 speedup = speedup * factors
                 if k.move_over_stop and job.allocation is not None:
                     moving = factors < 1.0
@@ -348,7 +348,7 @@ class ShoalPolicy:
         }
 
     def _horizon_factors(self, job: JobView, index: np.ndarray, goodput: np.ndarray,
-                         current: int | None, charge: float) -> np.ndarray:
+                         current: int | None, charge: float, remaining: float) -> np.ndarray:
         """Per candidate, H / (H + charge): H the job's remaining time there (its remaining
         work over the candidate's goodput), 1 to stay. A running job that has not reported
         progress gets 1 everywhere (its remaining work is unknown)."""
@@ -357,7 +357,7 @@ class ShoalPolicy:
         if job.allocation is None or not len(here) or job.hints.progress <= 0:
             return factors
         # Remaining device-seconds over the current devices, in seconds at the current goodput.
-        work = self._remaining(job) / job.allocation.num_replicas * goodput[here[0]]
+        work = remaining / job.allocation.num_replicas * goodput[here[0]]
         horizon = work / goodput
         factors = horizon / (horizon + charge)
         factors[here] = 1.0

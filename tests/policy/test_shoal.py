@@ -252,7 +252,7 @@ def test_rank_weights_make_the_objective_optimum_the_hesrpt_shares(sigma, p):
 
     policy = ShoalPolicy(weighting="rank", sigma=sigma, p=p)
     jobs = [_view(f"j{i}", progress=0.5, attained=600.0 * (i + 1)) for i in range(5)]
-    weights = policy._rank_weights(jobs)
+    weights = policy._rank_weights(jobs, policy._remaining_work(jobs))
     ordered = sorted(jobs, key=lambda j: j.attained_service, reverse=True)  # largest first
     m, c = len(jobs), 1 / (1 - sigma)
     hesrpt = np.array([(k / m) ** c - ((k - 1) / m) ** c for k in range(1, m + 1)])

@@ -49,6 +49,8 @@ BENCHMARKS = (
     Benchmark("sim_fidelity_full", "sim_fidelity.py", (), "--json", "full"),
     Benchmark("policy_comparison", "policy_comparison.py",
               ("--workloads", "1-8", "--clusters", "pollux-t4-64"), "--json", "full"),
+    Benchmark("by_application", "by_application.py", ("--cluster", "pollux-t4-64"), "--json",
+              "full"),
     Benchmark("serve_fidelity", "serve_fidelity.py", (), "--json", "full"),
     Benchmark("serve_placement", "serve_placement.py", ("--plots", "out/bench/serving"),
               "--out", "full"),

@@ -1,0 +1,101 @@
+"""Where one policy gains or loses against another: JCT and device-hours per application.
+
+    .venv/bin/python bench/by_application.py --cache out/policy_runs [--version V]
+        [--cluster pollux-t4-64] [--policy shoal] [--reference pollux]
+        [--json out/by_application.json]
+
+Reads the per-job records of the reports ``bench/policy_comparison.py`` cached (run it first
+for both policies; ``--version`` picks a source digest, default the current sources'). For
+every application, summed over the workloads both policies ran: the jobs, the summed JCT
+under each policy and its ratio, that application's share of the policy's summed JCT, and
+the device-hours and their ratio. The summed-JCT ratio over all applications is the ratio of
+the mean JCTs, so the shares say which applications a change of the mean comes from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from comparison_table import _parse
+from policy_comparison import _source_version
+from rich.console import Console
+from rich.table import Table
+
+
+def load(cache: Path, version: str, cluster: str, policies: tuple[str, str]
+           ) -> dict[str, dict[str, list[dict]]]:
+    """Per policy and workload, the job records of the reports cached for ``version``."""
+    found: dict[str, dict[str, list[dict]]] = defaultdict(dict)
+    for path in sorted((cache / version).glob(f"{cluster}-*.json")):
+        key = _parse(path.stem)
+        if key and key[0] == cluster and key[1] in policies:
+            found[key[1]][key[2]] = json.loads(path.read_text())["jobs"]
+    if not all(found.get(p) for p in policies):
+        raise SystemExit(f"no cached reports of both {' and '.join(policies)} on {cluster} "
+                         f"under {cache / version}: run bench/policy_comparison.py --policies "
+                         f"{','.join(policies)} --clusters {cluster} --cache {cache} first")
+    return found
+
+
+def by_application(policy_jobs: dict[str, list[dict]], reference_jobs: dict[str, list[dict]]
+                   ) -> tuple[list[str], dict[str, dict[str, float]]]:
+    """Per application, summed JCT (s) and device-hours of both, over the shared workloads."""
+    workloads = sorted(set(policy_jobs) & set(reference_jobs))
+    sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for workload in workloads:
+        reference = {job["name"]: job for job in reference_jobs[workload]}
+        for job in policy_jobs[workload]:
+            other = reference.get(job["name"])
+            if other is None or job["jct_s"] is None or other["jct_s"] is None:
+                continue
+            row = sums[job["application"]]
+            row["jobs"] += 1
+            row["jct"] += job["jct_s"]
+            row["reference_jct"] += other["jct_s"]
+            row["device_hours"] += job["device_seconds"] / 3600
+            row["reference_device_hours"] += other["device_seconds"] / 3600
+    return workloads, {app: dict(row) for app, row in sums.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cache", default="out/policy_runs")
+    parser.add_argument("--version", default=None)
+    parser.add_argument("--cluster", default="pollux-t4-64")
+    parser.add_argument("--policy", default="shoal")
+    parser.add_argument("--reference", default="pollux")
+    parser.add_argument("--json", default="out/by_application.json")
+    args = parser.parse_args()
+    version = args.version or _source_version()
+    found = load(Path(args.cache), version, args.cluster, (args.policy, args.reference))
+    workloads, rows = by_application(found[args.policy], found[args.reference])
+    total = sum(row["jct"] for row in rows.values())
+    reference_total = sum(row["reference_jct"] for row in rows.values())
+    a, b = args.policy, args.reference
+    table = Table(title=f"{args.cluster}, {a} against {b}, summed over {len(workloads)} "
+                        f"workloads (source {version})")
+    for title in ("application", "jobs", f"{a} JCT (h)", f"{b} JCT (h)", "ratio",
+                  f"share of {a}", f"{a} device-h", f"{b} device-h", "ratio"):
+        table.add_column(title, justify="left" if title == "application" else "right")
+    for app, row in sorted(rows.items(), key=lambda item: -item[1]["jct"]):
+        table.add_row(app, f"{row['jobs']:.0f}", f"{row['jct'] / 3600:.1f}",
+                      f"{row['reference_jct'] / 3600:.1f}",
+                      f"{row['jct'] / row['reference_jct']:.3f}", f"{row['jct'] / total:.3f}",
+                      f"{row['device_hours']:.0f}", f"{row['reference_device_hours']:.0f}",
+                      f"{row['device_hours'] / row['reference_device_hours']:.3f}")
+    console = Console(width=150)
+    console.print(table)
+    console.print(f"summed JCT {a} / {b}: {total / reference_total:.3f}")
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"cluster": args.cluster, "policy": a, "reference": b,
+                                "source_version": version, "workloads": workloads,
+                                "applications": rows}, indent=2))
+    console.print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""bench/by_application.py: per-application sums of two policies' cached job records."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _module():
+    sys.path.insert(0, str(BENCH))  # the script imports its sibling comparison_table
+    try:
+        spec = importlib.util.spec_from_file_location("by_application",
+                                                      BENCH / "by_application.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH))
+    return module
+
+
+def _report(cache: Path, name: str, jobs: list[tuple[str, str, float | None, float]]) -> None:
+    (cache / "v1").mkdir(parents=True, exist_ok=True)
+    records = [{"name": n, "application": a, "jct_s": jct, "device_seconds": ds}
+               for n, a, jct, ds in jobs]
+    (cache / "v1" / f"{name}-0123abcd.json").write_text(json.dumps({"jobs": records}))
+
+
+def test_sums_per_application_over_the_workloads_both_ran(tmp_path):
+    module = _module()
+    _report(tmp_path, "pollux-t4-64-shoal-workload-1",
+            [("a-1", "cifar10", 100.0, 3600.0), ("b-2", "bert", 50.0, 7200.0),
+             ("c-3", "bert", None, 10.0)])  # unfinished: left out
+    _report(tmp_path, "pollux-t4-64-pollux-workload-1",
+            [("a-1", "cifar10", 200.0, 1800.0), ("b-2", "bert", 100.0, 3600.0),
+             ("c-3", "bert", 70.0, 10.0)])
+    _report(tmp_path, "pollux-t4-64-shoal-workload-2", [("d-4", "ncf", 10.0, 36.0)])
+    found = module.load(tmp_path, "v1", "pollux-t4-64", ("shoal", "pollux"))
+    workloads, rows = module.by_application(found["shoal"], found["pollux"])
+    assert workloads == ["workload-1"]  # workload-2 has no pollux run
+    assert rows["cifar10"] == {"jobs": 1, "jct": 100.0, "reference_jct": 200.0,
+                               "device_hours": 1.0, "reference_device_hours": 0.5}
+    assert rows["bert"]["jobs"] == 1 and rows["bert"]["reference_jct"] == 100.0
+    assert "ncf" not in rows
+
+
+def test_missing_reports_name_the_command_that_makes_them(tmp_path):
+    module = _module()
+    _report(tmp_path, "hetero-64-shoal-workload-1", [("a-1", "cifar10", 1.0, 1.0)])
+    with pytest.raises(SystemExit, match=r"policy_comparison\.py --policies shoal,sia"):
+        module.load(tmp_path, "v1", "hetero-64", ("shoal", "sia"))

@@ -45,6 +45,9 @@ Candidate sizes. A job may grow to ``growth`` times the largest size it has meas
 bounds its model's extrapolation this way, at 2x) across nodes, and to any size within one
 node at once (``whole_node``): inside a node, communication is fast and the model's
 extrapolation is safe, while across nodes (yolov3's slow inter-node all-reduce) it is not.
+With ``first_growth`` set, a job that has not yet run on more than one node grows across
+nodes by that factor instead: its model has then never seen inter-node communication, and
+its first multi-node sizes run slowest against their prediction.
 
 Two scheduling choices go with the objective. The restart factor charges a move of job j
 ``restart_charge`` (4) times what one restart costs j, as its backend measured it
@@ -108,6 +111,8 @@ class ShoalKnobs:
     restart_charge: float = 4.0
     restart_delay: float = 120.0
     growth: float = 4.0  # how far beyond its largest measured size a job may be grown
+    # ``growth`` for a job whose sizes so far all fit on one node (None: ``growth``).
+    first_growth: float | None = None
     # Any single-node size (up to a whole node of a type) without measuring smaller ones first;
     # ``growth`` then limits only sizes across nodes.
     whole_node: bool = True
@@ -150,6 +155,9 @@ class ShoalKnobs:
         if self.restart_delay < 0 or self.growth < 1:
             raise SpecError("restart_delay must be >= 0 and growth >= 1", field="restart_delay"
                             if self.restart_delay < 0 else "growth")
+        if self.first_growth is not None and self.first_growth < 1:
+            raise SpecError(f"must be >= 1 (or unset), got {self.first_growth}",
+                            field="first_growth")
         if self.restart_charge < 0:
             raise SpecError(f"must be >= 0, got {self.restart_charge}", field="restart_charge")
         if not 0.0 <= self.prior_progress < 1.0:
@@ -290,7 +298,9 @@ class ShoalPolicy:
         capacity = cluster.capacity()
         sign = 1.0 if k.p < 0 else -1.0
         fair = max(capacity // len(jobs), 1)
-        indices = [candidates(job, table, max_replicas(job, capacity, k.growth),
+        node_size = ({t: max(n.capacity for n in cluster.nodes_of(t))
+                      for t in cluster.device_types} if k.first_growth is not None else {})
+        indices = [candidates(job, table, max_replicas(job, capacity, self._growth(job, node_size)),
                               replica_bound(job, capacity) if k.whole_node else None)
                    for job in jobs]
         goodputs = goodput_rows(jobs, table, indices, fixed_batch=not k.adapt_batch)
@@ -346,6 +356,16 @@ class ShoalPolicy:
                         None if k.adapt_batch else fixed[name])
             for name, a in placed.items()
         }
+
+    def _growth(self, job: JobView, node_size: dict[str, int]) -> float:
+        """``first_growth`` while every size the job has run at fits on one node of its type
+        (``node_size``: the largest node of each type), else ``growth``."""
+        k = self.knobs
+        if k.first_growth is None:
+            return k.growth
+        across = any(replicas > node_size.get(dtype, replicas)
+                     for dtype, replicas in job.hints.max_profiled_replicas.items())
+        return k.growth if across else k.first_growth
 
     def _horizon_factors(self, job: JobView, index: np.ndarray, goodput: np.ndarray,
                          current: int | None, charge: float, remaining: float) -> np.ndarray:

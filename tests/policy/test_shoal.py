@@ -24,6 +24,7 @@ from shoal.policy.configs import (
 from shoal.policy.shoal import ShoalPolicy
 from shoal.spec import JobSpec, parse_cluster
 from shoal.spec.cluster import NodeInfo
+from shoal.spec.errors import SpecError
 
 TWO_TYPES = ClusterState((NodeInfo(0, "t4", 4), NodeInfo(1, "t4", 4), NodeInfo(2, "v100", 2)))
 THREE_NODES = ClusterState(tuple(NodeInfo(i, "t4", 4) for i in range(3)))
@@ -462,3 +463,14 @@ def test_a_job_near_its_end_is_not_moved_for_a_gain_its_restart_would_eat():
     # Without the remaining-time term the age-based factor alone lets the nearly done job move.
     blind = ShoalPolicy(restart_horizon=False)
     assert blind.decide([running(0.99)], THREE_NODES, 0.0)["a"].replicas > 4
+
+
+def test_a_job_that_has_run_on_one_node_only_grows_across_nodes_by_first_growth():
+    # Alone on three 4-device nodes, having measured a whole node: growth 4 allows all three
+    # nodes; first_growth 2 allows two until the job has run across nodes.
+    assert ShoalPolicy().decide([_view("a", profiled=4)], THREE_NODES, 0.0)["a"].replicas == 12
+    cautious = ShoalPolicy(first_growth=2.0)
+    assert cautious.decide([_view("a", profiled=4)], THREE_NODES, 0.0)["a"].replicas == 8
+    assert cautious.decide([_view("a", profiled=8)], THREE_NODES, 0.0)["a"].replicas == 12
+    with pytest.raises(SpecError, match="first_growth"):
+        ShoalPolicy(first_growth=0.5)

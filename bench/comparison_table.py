@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/comparison_table.py --cache out/policy_runs \
         [--versions NEW,OLD...] [--fresh shoal [--fresh-versions K]] \
+        [--base bench/results/policy_comparison_1-8.json] \
         [--json out/policy_comparison_table.json]
 
 ``bench/policy_comparison.py`` caches each simulation's report under the digest of shoal's
@@ -11,7 +12,9 @@ produce; this script builds one table from several versions, taking each (cluste
 workload) from the first listed version that has it, and records which version every row
 came from. Check one reused report against a rerun before relying on it. With ``--fresh``,
 the policies it names come only from the first ``--fresh-versions`` versions (those whose code
-is the changed one: later versions that only refactored must give identical reports).
+is the changed one: later versions that only refactored must give identical reports). With
+``--base``, a (cluster, policy) that has no report in the cache is taken whole from an earlier
+output of this script, with the source version and machines it records.
 """
 
 from __future__ import annotations
@@ -56,6 +59,17 @@ def collect(cache: Path, versions: list[str], fresh: str = "",
     return found
 
 
+def from_base(base: dict, found: dict[tuple[str, str, str], dict]
+              ) -> dict[tuple[str, str, str], dict]:
+    """The rows of an earlier table (this script's JSON) for every (cluster, policy) that
+    ``found`` has no row of, so that a policy's workloads never mix two tables."""
+    have = {(cluster, policy) for cluster, policy, _ in found}
+    return {(cluster, policy, workload): summary
+            for cluster, policies in base.items() if cluster in CLUSTERS
+            for policy, agg in policies.items() if (cluster, policy) not in have
+            for workload, summary in agg["per_workload"].items()}
+
+
 def environments(cache: Path, versions: list[str]) -> dict[str, list[dict]]:
     """Per source version, the machines and builds its reports were run on."""
     return {version: [json.loads(p.read_text())
@@ -72,6 +86,8 @@ def main() -> None:
                         "from the first version only (e.g. shoal after a change to it)")
     parser.add_argument("--fresh-versions", type=int, default=1, help="how many of the first "
                         "versions --fresh policies may come from (default 1)")
+    parser.add_argument("--base", default="", help="an earlier output of this script: a "
+                        "(cluster, policy) with no report in the cache is taken from it")
     parser.add_argument("--json", default="out/policy_comparison_table.json")
     args = parser.parse_args()
     cache = Path(args.cache)
@@ -79,6 +95,8 @@ def main() -> None:
         p.name for p in sorted(cache.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
         if p.is_dir()]
     found = collect(cache, versions, args.fresh, args.fresh_versions)
+    earlier = json.loads(Path(args.base).read_text()) if args.base else {}
+    found.update(from_base(earlier, found))
     console = Console(width=170)
     out: dict[str, dict] = {}
     for cluster in CLUSTERS:
@@ -112,7 +130,9 @@ def main() -> None:
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     used = sorted({r["source_version"] for r in found.values()})
-    path.write_text(json.dumps({**out, "environments": environments(cache, used)}, indent=1))
+    machines = {**{v: e for v, e in earlier.get("environments", {}).items() if v in used},
+                **environments(cache, used)}
+    path.write_text(json.dumps({**out, "environments": machines}, indent=1))
     console.print(f"wrote {path}")
 
 

@@ -45,8 +45,8 @@ Candidate sizes. A job may grow to ``growth`` times the largest size it has meas
 bounds its model's extrapolation this way, at 2x) across nodes, and to any size within one
 node at once (``whole_node``): inside a node, communication is fast and the model's
 extrapolation is safe, while across nodes (yolov3's slow inter-node all-reduce) it is not.
-With ``first_growth`` set, a job that has not yet run on more than one node grows across
-nodes by that factor instead: its model has then never seen inter-node communication, and
+A job that has not yet run on more than one node grows across nodes by at most
+``first_growth`` (3) instead: its model has then never seen inter-node communication, and
 its first multi-node sizes run slowest against their prediction.
 
 Two scheduling choices go with the objective. The restart factor charges a move of job j
@@ -111,8 +111,10 @@ class ShoalKnobs:
     restart_charge: float = 4.0
     restart_delay: float = 120.0
     growth: float = 4.0  # how far beyond its largest measured size a job may be grown
-    # ``growth`` for a job whose sizes so far all fit on one node (None: ``growth``).
-    first_growth: float | None = None
+    # At most this instead of ``growth`` for a job whose sizes so far all fit on one node (its
+    # first multi-node sizes are predicted without any inter-node measurement); a value of
+    # ``growth`` or more turns the limit off.
+    first_growth: float = 3.0
     # Any single-node size (up to a whole node of a type) without measuring smaller ones first;
     # ``growth`` then limits only sizes across nodes.
     whole_node: bool = True
@@ -155,9 +157,8 @@ class ShoalKnobs:
         if self.restart_delay < 0 or self.growth < 1:
             raise SpecError("restart_delay must be >= 0 and growth >= 1", field="restart_delay"
                             if self.restart_delay < 0 else "growth")
-        if self.first_growth is not None and self.first_growth < 1:
-            raise SpecError(f"must be >= 1 (or unset), got {self.first_growth}",
-                            field="first_growth")
+        if self.first_growth < 1:
+            raise SpecError(f"must be >= 1, got {self.first_growth}", field="first_growth")
         if self.restart_charge < 0:
             raise SpecError(f"must be >= 0, got {self.restart_charge}", field="restart_charge")
         if not 0.0 <= self.prior_progress < 1.0:
@@ -299,7 +300,7 @@ class ShoalPolicy:
         sign = 1.0 if k.p < 0 else -1.0
         fair = max(capacity // len(jobs), 1)
         node_size = ({t: max(n.capacity for n in cluster.nodes_of(t))
-                      for t in cluster.device_types} if k.first_growth is not None else {})
+                      for t in cluster.device_types} if k.first_growth < k.growth else {})
         indices = [candidates(job, table, max_replicas(job, capacity, self._growth(job, node_size)),
                               replica_bound(job, capacity) if k.whole_node else None)
                    for job in jobs]
@@ -358,10 +359,10 @@ class ShoalPolicy:
         }
 
     def _growth(self, job: JobView, node_size: dict[str, int]) -> float:
-        """``first_growth`` while every size the job has run at fits on one node of its type
-        (``node_size``: the largest node of each type), else ``growth``."""
+        """``growth``, capped by ``first_growth`` while every size the job has run at fits on
+        one node of its type (``node_size``: the largest node of each type)."""
         k = self.knobs
-        if k.first_growth is None:
+        if k.first_growth >= k.growth:
             return k.growth
         across = any(replicas > node_size.get(dtype, replicas)
                      for dtype, replicas in job.hints.max_profiled_replicas.items())

@@ -138,6 +138,10 @@ class ClusterState:
     def nodes_of(self, device_type: str) -> list[NodeInfo]:
         return [n for n in self.nodes if n.device_type == device_type]
 
+    def largest_node(self, device_type: str) -> int:
+        """Devices on the largest node of ``device_type``."""
+        return max(n.capacity for n in self.nodes_of(device_type))
+
 
 class Policy(Protocol):
     """Decides what each active job gets. No I/O; may keep its own bookkeeping across rounds."""

@@ -418,7 +418,7 @@ def place_configs(
             for n, c in old.per_node().items():
                 free[n] -= c
     pool = _FreeNodes(free, dtype_of)
-    max_free = {t: max(n.capacity for n in cluster.nodes_of(t)) for t in cluster.device_types}
+    max_free = {t: cluster.largest_node(t) for t in cluster.device_types}
     order = sorted((n for n in chosen if n not in placed),
                    key=lambda n: (-chosen[n].nodes, -chosen[n].replicas, n))
     for name in order:

@@ -141,7 +141,7 @@ class GavelPolicy:
         for dtype in types:
             model = job.hints.goodput.get(dtype)
             if model is not None:
-                per_node = max(n.capacity for n in cluster.nodes_of(dtype))
+                per_node = cluster.largest_node(dtype)
                 nodes = math.ceil(scale / per_node)
                 local = math.ceil(batch / scale)
                 accum = max(math.ceil(local / job.limits.max_local_bsz) - 1, 0)

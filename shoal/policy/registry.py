@@ -80,7 +80,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "shoal-no-restart-horizon": _shoal_ablation(restart_horizon=False),
     "shoal-no-move-over-stop": _shoal_ablation(move_over_stop=False),
     "shoal-no-prior-progress": _shoal_ablation(prior_progress=0.0),
-    "shoal-no-first-growth": _shoal_ablation(first_growth=4.0),  # the first step as any other
+    "shoal-no-first-growth": _shoal_ablation(first_growth=0.0),
 }
 
 

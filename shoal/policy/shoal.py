@@ -112,8 +112,7 @@ class ShoalKnobs:
     restart_delay: float = 120.0
     growth: float = 4.0  # how far beyond its largest measured size a job may be grown
     # At most this instead of ``growth`` for a job whose sizes so far all fit on one node (its
-    # first multi-node sizes are predicted without any inter-node measurement); a value of
-    # ``growth`` or more turns the limit off.
+    # first multi-node sizes are predicted without any inter-node measurement); 0: ``growth``.
     first_growth: float = 3.0
     # Any single-node size (up to a whole node of a type) without measuring smaller ones first;
     # ``growth`` then limits only sizes across nodes.
@@ -157,8 +156,9 @@ class ShoalKnobs:
         if self.restart_delay < 0 or self.growth < 1:
             raise SpecError("restart_delay must be >= 0 and growth >= 1", field="restart_delay"
                             if self.restart_delay < 0 else "growth")
-        if self.first_growth < 1:
-            raise SpecError(f"must be >= 1, got {self.first_growth}", field="first_growth")
+        if self.first_growth != 0 and self.first_growth < 1:
+            raise SpecError(f"must be 0 (off) or >= 1, got {self.first_growth}",
+                            field="first_growth")
         if self.restart_charge < 0:
             raise SpecError(f"must be >= 0, got {self.restart_charge}", field="restart_charge")
         if not 0.0 <= self.prior_progress < 1.0:
@@ -299,8 +299,7 @@ class ShoalPolicy:
         capacity = cluster.capacity()
         sign = 1.0 if k.p < 0 else -1.0
         fair = max(capacity // len(jobs), 1)
-        node_size = ({t: max(n.capacity for n in cluster.nodes_of(t))
-                      for t in cluster.device_types} if k.first_growth < k.growth else {})
+        node_size = {t: cluster.largest_node(t) for t in cluster.device_types}
         indices = [candidates(job, table, max_replicas(job, capacity, self._growth(job, node_size)),
                               replica_bound(job, capacity) if k.whole_node else None)
                    for job in jobs]
@@ -362,11 +361,9 @@ class ShoalPolicy:
         """``growth``, capped by ``first_growth`` while every size the job has run at fits on
         one node of its type (``node_size``: the largest node of each type)."""
         k = self.knobs
-        if k.first_growth >= k.growth:
-            return k.growth
         across = any(replicas > node_size.get(dtype, replicas)
                      for dtype, replicas in job.hints.max_profiled_replicas.items())
-        return k.growth if across else k.first_growth
+        return k.growth if across or not k.first_growth else min(k.growth, k.first_growth)
 
     def _horizon_factors(self, job: JobView, index: np.ndarray, goodput: np.ndarray,
                          current: int | None, charge: float, remaining: float) -> np.ndarray:

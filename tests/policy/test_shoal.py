@@ -403,7 +403,7 @@ def test_a_job_takes_a_whole_node_at_once_and_grows_across_nodes_as_it_measures(
     # across nodes only up to growth x what it measured.
     alone = ShoalPolicy().decide([_view("a", profiled=1)], THREE_NODES, 0.0)
     assert alone["a"].replicas == 4 and len(set(alone["a"].nodes)) == 1
-    capped = ShoalPolicy(whole_node=False, first_growth=4.0).decide(
+    capped = ShoalPolicy(whole_node=False, first_growth=0.0).decide(
         [_view("a", profiled=1)], THREE_NODES, 0.0)
     assert capped["a"].replicas == 4  # growth 4 x 1 replica
     two = ShoalPolicy(growth=2.0).decide([_view("a", profiled=1)], THREE_NODES, 0.0)
@@ -469,8 +469,11 @@ def test_a_job_near_its_end_is_not_moved_for_a_gain_its_restart_would_eat():
 def test_a_job_that_has_run_on_one_node_only_grows_across_nodes_by_first_growth():
     # Alone on three 4-device nodes, having measured a whole node: growth 4 allows all three
     # nodes; first_growth 2 allows two until the job has run across nodes.
-    assert ShoalPolicy(first_growth=4.0).decide(
+    assert ShoalPolicy(first_growth=0.0).decide(
         [_view("a", profiled=4)], THREE_NODES, 0.0)["a"].replicas == 12
+    # The ablation keeps whatever growth is set: first_growth is off, not 4.
+    assert make_policy("shoal-no-first-growth").tuned(growth=8.0).decide(
+        [_view("a", profiled=1)], THREE_NODES, 0.0)["a"].replicas == 8
     cautious = ShoalPolicy(first_growth=2.0)
     assert cautious.decide([_view("a", profiled=4)], THREE_NODES, 0.0)["a"].replicas == 8
     assert cautious.decide([_view("a", profiled=8)], THREE_NODES, 0.0)["a"].replicas == 12

@@ -7,9 +7,11 @@
 Reads the per-job records of the reports ``bench/policy_comparison.py`` cached (run it first
 for both policies; ``--version`` picks a source digest, default the current sources'). For
 every application, summed over the workloads both policies ran: the jobs, the summed JCT
-under each policy and its ratio, that application's share of the policy's summed JCT, and
-the device-hours and their ratio. The summed-JCT ratio over all applications is the ratio of
-the mean JCTs, so the shares say which applications a change of the mean comes from.
+under each policy and its ratio, that application's share of the policy's summed JCT, the
+device-hours and their ratio, and, where the reports record it, the hours its jobs spent queued
+(submitted and holding no devices) under each policy. The summed-JCT ratio over all
+applications is the ratio of the mean JCTs, so the shares say which applications a change of
+the mean comes from.
 """
 
 from __future__ import annotations
@@ -42,22 +44,36 @@ def load(cache: Path, version: str, cluster: str, policies: tuple[str, str]
 
 def by_application(policy_jobs: dict[str, list[dict]], reference_jobs: dict[str, list[dict]]
                    ) -> tuple[list[str], dict[str, dict[str, float]]]:
-    """Per application, summed JCT (s) and device-hours of both, over the shared workloads."""
+    """Per application, over the shared workloads: its finished jobs, both policies' summed
+    JCT (s) and device-hours, and their queued hours when every report records them."""
     workloads = sorted(set(policy_jobs) & set(reference_jobs))
     sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    counts: dict[str, int] = defaultdict(int)
+    queued = True  # reports from before the per-job queued time have no ``queued_s``
     for workload in workloads:
         reference = {job["name"]: job for job in reference_jobs[workload]}
         for job in policy_jobs[workload]:
             other = reference.get(job["name"])
             if other is None or job["jct_s"] is None or other["jct_s"] is None:
                 continue
+            counts[job["application"]] += 1
             row = sums[job["application"]]
-            row["jobs"] += 1
             row["jct"] += job["jct_s"]
             row["reference_jct"] += other["jct_s"]
             row["device_hours"] += job["device_seconds"] / 3600
             row["reference_device_hours"] += other["device_seconds"] / 3600
-    return workloads, {app: dict(row) for app, row in sums.items()}
+            if job.get("queued_s") is None or other.get("queued_s") is None:
+                queued = False
+                continue
+            row["queued_hours"] += job["queued_s"] / 3600
+            row["reference_queued_hours"] += other["queued_s"] / 3600
+    rows: dict[str, dict[str, float]] = {}
+    for app, row in sums.items():
+        if not queued:
+            row.pop("queued_hours", None)
+            row.pop("reference_queued_hours", None)
+        rows[app] = {"jobs": counts[app], **row}
+    return workloads, rows
 
 
 def main() -> None:
@@ -77,15 +93,20 @@ def main() -> None:
     a, b = args.policy, args.reference
     table = Table(title=f"{args.cluster}, {a} against {b}, summed over {len(workloads)} "
                         f"workloads (source {version})")
-    for title in ("application", "jobs", f"{a} JCT (h)", f"{b} JCT (h)", "ratio",
-                  f"share of {a}", f"{a} device-h", f"{b} device-h", "ratio"):
+    queued = all("queued_hours" in row for row in rows.values())
+    titles = ["application", "jobs", f"{a} JCT (h)", f"{b} JCT (h)", "ratio", f"share of {a}",
+              f"{a} device-h", f"{b} device-h", "ratio"]
+    for title in titles + ([f"{a} queued (h)", f"{b} queued (h)"] if queued else []):
         table.add_column(title, justify="left" if title == "application" else "right")
     for app, row in sorted(rows.items(), key=lambda item: -item[1]["jct"]):
-        table.add_row(app, f"{row['jobs']:.0f}", f"{row['jct'] / 3600:.1f}",
-                      f"{row['reference_jct'] / 3600:.1f}",
-                      f"{row['jct'] / row['reference_jct']:.3f}", f"{row['jct'] / total:.3f}",
-                      f"{row['device_hours']:.0f}", f"{row['reference_device_hours']:.0f}",
-                      f"{row['device_hours'] / row['reference_device_hours']:.3f}")
+        cells = [app, str(row["jobs"]), f"{row['jct'] / 3600:.1f}",
+                 f"{row['reference_jct'] / 3600:.1f}", f"{row['jct'] / row['reference_jct']:.3f}",
+                 f"{row['jct'] / total:.3f}", f"{row['device_hours']:.0f}",
+                 f"{row['reference_device_hours']:.0f}",
+                 f"{row['device_hours'] / row['reference_device_hours']:.3f}"]
+        if queued:
+            cells += [f"{row['queued_hours']:.1f}", f"{row['reference_queued_hours']:.1f}"]
+        table.add_row(*cells)
     console = Console(width=150)
     console.print(table)
     console.print(f"summed JCT {a} / {b}: {total / reference_total:.3f}")

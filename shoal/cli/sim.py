@@ -20,6 +20,7 @@ SUMMARY_COLUMNS = [
     ("avg JCT (s)", "avg_jct_s", "{:.0f}"),
     ("median (s)", "median_jct_s", "{:.0f}"),
     ("p99 (s)", "p99_jct_s", "{:.0f}"),
+    ("queued (s)", "avg_queued_s", "{:.0f}"),
     ("makespan (s)", "makespan_s", "{:.0f}"),
     ("util", "utilization", "{:.2f}"),
     ("dev-h/job", "device_hours_per_job", "{:.2f}"),

@@ -3,6 +3,9 @@
 Finish-time fairness (Themis): a job's JCT on the shared cluster over its JCT alone on 1/n of
 the cluster, where n is the average number of jobs active while it was in the system.
 
+A job's queued time is the part of its JCT in which it held no devices (before its first start
+and while preempted); the rest it held devices, restarting or training.
+
 Serve and stream jobs are not jobs that complete: the end of a service is the end of its
 ``duration_s``, not a completion time. They are left out of every JCT statistic and reported
 under ``services``: SLO attainment, requests and p99 latency (serve), lag (stream), and the
@@ -11,6 +14,7 @@ devices they held (peak, mean, device-hours).
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +28,19 @@ from shoal.core.types import JobState
 def _percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
+
+
+def queued_seconds(rec) -> float | None:
+    """Seconds of a finished job's JCT in which it held no devices: before its first start and
+    whenever it was preempted. The rest of its JCT it held devices, restarting or training."""
+    if rec.finish_time is None:
+        return None
+    held = 0.0
+    entries = [*rec.history, (rec.finish_time, None)]
+    for (since, allocation), (until, _) in itertools.pairwise(entries):
+        if allocation is not None:
+            held += until - since
+    return rec.finish_time - rec.spec.submit_time - held
 
 
 def summarize(result, fairness: bool = True) -> dict[str, Any]:
@@ -50,6 +67,7 @@ def summarize(result, fairness: bool = True) -> dict[str, Any]:
             "restarts": rec.num_restarts,
             "device_seconds": rec.device_seconds,
             "profiling_device_seconds": rec.profiling_seconds,
+            "queued_s": queued_seconds(rec),
             "failure": rec.failure,
         })
         plans = getattr(result, "plans", {}).get(rec.name)
@@ -61,6 +79,7 @@ def summarize(result, fairness: bool = True) -> dict[str, Any]:
             row["isolated_jct_s"] = iso
             row["ftf"] = row["jct_s"] / iso if iso and row["jct_s"] is not None else None
     jcts = [j["jct_s"] for j in jobs if j["jct_s"] is not None]
+    queued = [j["queued_s"] for j in jobs if j["queued_s"] is not None]
     submits = [j["submit_s"] for j in jobs]
     finishes = [j["finish_s"] for j in jobs if j["jct_s"] is not None]
     makespan = (max(finishes) - min(submits)) if finishes else 0.0
@@ -82,6 +101,7 @@ def summarize(result, fairness: bool = True) -> dict[str, Any]:
         "avg_jct_s": statistics.fmean(jcts) if jcts else float("nan"),
         "median_jct_s": statistics.median(jcts) if jcts else float("nan"),
         "p99_jct_s": _percentile(jcts, 99),
+        "avg_queued_s": statistics.fmean(queued) if queued else float("nan"),
         "makespan_s": makespan,
         "utilization": busy / (capacity * span) if span > 0 else 0.0,
         "device_hours_per_job": used / 3600 / max(len(jobs), 1),

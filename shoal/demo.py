@@ -64,12 +64,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _summary_table(summary: dict) -> Table:
     table = Table(title="summary", header_style="bold")
-    for column in ("job", "state", "JCT s", "resizes", "max replicas", "last batch", "goodput/s"):
+    for column in ("job", "state", "JCT s", "queued s", "resizes", "max replicas", "last batch",
+                   "goodput/s"):
         table.add_column(column, justify="left" if column in ("job", "state") else "right")
     for job in summary["jobs"]:
         table.add_row(
             job["name"], job["state"],
             "-" if job["jct_s"] is None else f"{job['jct_s']:.0f}",
+            "-" if job.get("queued_s") is None else f"{job['queued_s']:.0f}",
             str(job["resizes"]), str(job["max_replicas_used"]),
             str(job["final_batch_size"] or "-"),
             "-" if not job["goodput"] else f"{job['goodput']:.0f}",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from shoal.core.types import (
@@ -67,6 +68,19 @@ class JobRecord:
     @property
     def active(self) -> bool:
         return self.state not in TERMINAL_STATES
+
+    def queued_seconds(self, until: float | None = None) -> float | None:
+        """Seconds since submission in which the job held no devices (before its first start
+        and while preempted), up to its finish, or up to ``until`` while it has not finished;
+        None when neither is known."""
+        end = self.finish_time if self.finish_time is not None else until
+        if end is None:
+            return None
+        held = 0.0
+        for (since, allocation), (stop, _) in itertools.pairwise([*self.history, (end, None)]):
+            if allocation is not None:
+                held += max(min(stop, end) - since, 0.0)
+        return max(end - self.spec.submit_time - held, 0.0)
 
     def transition(self, new: JobState, now: float, events: list[Event], detail: str = ""):
         if new == self.state and new != JobState.RESTARTING:

@@ -14,7 +14,6 @@ devices they held (peak, mean, device-hours).
 
 from __future__ import annotations
 
-import itertools
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,20 +26,6 @@ from shoal.core.types import JobState
 
 def _percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
-
-
-
-def queued_seconds(rec) -> float | None:
-    """Seconds of a finished job's JCT in which it held no devices: before its first start and
-    whenever it was preempted. The rest of its JCT it held devices, restarting or training."""
-    if rec.finish_time is None:
-        return None
-    held = 0.0
-    entries = [*rec.history, (rec.finish_time, None)]
-    for (since, allocation), (until, _) in itertools.pairwise(entries):
-        if allocation is not None:
-            held += until - since
-    return rec.finish_time - rec.spec.submit_time - held
 
 
 def summarize(result, fairness: bool = True) -> dict[str, Any]:
@@ -67,7 +52,7 @@ def summarize(result, fairness: bool = True) -> dict[str, Any]:
             "restarts": rec.num_restarts,
             "device_seconds": rec.device_seconds,
             "profiling_device_seconds": rec.profiling_seconds,
-            "queued_s": queued_seconds(rec),
+            "queued_s": rec.queued_seconds(),
             "failure": rec.failure,
         })
         plans = getattr(result, "plans", {}).get(rec.name)

@@ -17,6 +17,7 @@ def summarize(jobs: list[dict[str, Any]]) -> dict[str, Any]:
             "name": job["name"],
             "state": job["state"],
             "jct_s": job.get("jct"),
+            "queued_s": job.get("queued_seconds"),
             "submit_time": job["submit_time"],
             "finish_time": job.get("finish_time"),
             "resizes": job.get("resizes", 0),
@@ -28,6 +29,8 @@ def summarize(jobs: list[dict[str, Any]]) -> dict[str, Any]:
             "runs": runs,
         })
     done = [r["jct_s"] for r in rows if r["state"] == "finished" and r["jct_s"] is not None]
+    queued = [r["queued_s"] for r in rows
+              if r["state"] == "finished" and r["queued_s"] is not None]
     starts = [r["submit_time"] for r in rows]
     ends = [r["finish_time"] for r in rows if r["finish_time"] is not None]
     return {
@@ -36,6 +39,7 @@ def summarize(jobs: list[dict[str, Any]]) -> dict[str, Any]:
         "failed": sum(1 for r in rows if r["state"] == "failed"),
         "avg_jct_s": statistics.fmean(done) if done else None,
         "median_jct_s": statistics.median(done) if done else None,
+        "avg_queued_s": statistics.fmean(queued) if queued else None,
         "makespan_s": (max(ends) - min(starts)) if ends and starts else None,
         "total_resizes": sum(r["resizes"] for r in rows),
         "device_seconds": sum(r["device_seconds"] for r in rows),
@@ -84,7 +88,7 @@ def write(summary: dict[str, Any], folder: Path, title: str) -> dict[str, Path]:
 
     rows = "".join(
         f"<tr><td>{cell(j['name'])}</td><td>{cell(j['state'])}</td><td>{cell(j['jct_s'])}</td>"
-        f"<td>{cell(j['resizes'])}</td><td>{cell(j['max_replicas_used'])}</td>"
+        f"<td>{cell(j.get('queued_s'))}</td><td>{cell(j['resizes'])}</td><td>{cell(j['max_replicas_used'])}</td>"
         f"<td>{cell(j['final_batch_size'])}</td><td>{cell(j['goodput'])}</td></tr>"
         for j in summary["jobs"]
     )
@@ -92,11 +96,12 @@ def write(summary: dict[str, Any], folder: Path, title: str) -> dict[str, Path]:
 <style>body{{font-family:sans-serif;margin:2em}}td,th{{padding:4px 10px;text-align:right}}
 td:first-child,th:first-child{{text-align:left}}</style></head><body>
 <h1>{html.escape(title)}</h1>
-<p>average JCT {cell(summary['avg_jct_s'])} s · makespan {cell(summary['makespan_s'])} s ·
+<p>average JCT {cell(summary['avg_jct_s'])} s · queued {cell(summary.get('avg_queued_s'))} s ·
+makespan {cell(summary['makespan_s'])} s ·
 resizes {summary['total_resizes']} · finished {summary['finished']} · failed {summary['failed']}
 </p>
-<table><tr><th>job</th><th>state</th><th>JCT s</th><th>resizes</th><th>max replicas</th>
-<th>last batch</th><th>goodput (samples/s)</th></tr>{rows}</table>
+<table><tr><th>job</th><th>state</th><th>JCT s</th><th>queued s</th><th>resizes</th>
+<th>max replicas</th><th>last batch</th><th>goodput (samples/s)</th></tr>{rows}</table>
 <p><img src="{png.name}" alt="allocations over time"></p></body></html>"""
     html_path = folder / "report.html"
     html_path.write_text(page)

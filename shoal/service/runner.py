@@ -409,6 +409,7 @@ class Runner:
             "start_time": record.start_time,
             "finish_time": end,
             "jct": None if end is None or service else end - record.spec.submit_time,
+            "queued_seconds": None if service else record.queued_seconds(self.backend.now()),
             "failure": record.failure,
             "allocation": None if alloc is None else {
                 "device_type": alloc.device_type, "replicas": alloc.num_replicas,

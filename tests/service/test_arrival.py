@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.service.helpers import job_yaml, running_service, wait_until
 
 
@@ -30,9 +32,17 @@ def test_a_finished_jobs_devices_go_to_a_waiting_job_without_waiting_for_the_nex
                    "the first job placed", service.diagnostics)
         assert service.submit(job_yaml("behind", epochs=50)).status_code == 201
         time.sleep(1.0)
-        assert service.job("behind")["state"] == "pending"
+        behind = service.job("behind")
+        assert behind["state"] == "pending"
+        assert behind["queued_seconds"] >= 1.0  # waiting so far, while it waits
         wait_until(lambda: service.job("ahead")["state"] == "finished", 120,
                    "the first job finished", service.diagnostics)
         wait_until(lambda: service.job("behind")["state"] in ("restarting", "running"), 30,
                    "the waiting job placed when the first one finished", service.diagnostics)
+        # Once placed, the wait stops growing: it is the time from submission to the start.
+        behind, ahead = service.job("behind"), service.job("ahead")
+        assert behind["queued_seconds"] == pytest.approx(
+            behind["start_time"] - behind["submit_time"])
+        assert behind["start_time"] >= ahead["finish_time"]
+        assert ahead["queued_seconds"] == pytest.approx(ahead["start_time"] - ahead["submit_time"])
         service.http.post(f"{service.url}/api/jobs/behind/cancel").raise_for_status()

@@ -1,6 +1,8 @@
 """Per-job queued time in a run's report: the part of its JCT spent holding no devices."""
 
 from shoal.backends.sim.run import simulate
+from shoal.core.state import JobRecord
+from shoal.core.types import Allocation
 from shoal.metrics.report import summarize
 from shoal.policy import make_policy
 from shoal.spec import JobSpec, parse_cluster
@@ -46,3 +48,15 @@ def test_a_preempted_job_counts_the_time_it_was_stopped(profiles):
     assert first["start_s"] == first["submit_s"]  # no wait before its first start
     (_, _), (stopped_at, _), (resumed_at, _) = changes
     assert first["queued_s"] == resumed_at - stopped_at > 0
+
+
+def test_a_record_counts_queued_time_up_to_now_while_it_has_not_finished():
+    record = JobRecord(spec=_rigid("job", 100.0))
+    assert record.queued_seconds() is None  # neither finished nor asked up to a time
+    assert record.queued_seconds(until=130.0) == 30.0  # never started
+    two = Allocation("t4", (0, 0))
+    record.history = [(130.0, two), (200.0, None), (260.0, two)]
+    assert record.queued_seconds(until=230.0) == 30.0 + 30.0  # stopped at 200, still waiting
+    assert record.queued_seconds(until=300.0) == 30.0 + 60.0
+    record.finish_time = 400.0
+    assert record.queued_seconds(until=10_000.0) == 90.0  # a finished job stops counting

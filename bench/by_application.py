@@ -21,7 +21,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from comparison_table import _parse
+from comparison_table import cached_reports
 from policy_comparison import _source_version
 from rich.console import Console
 from rich.table import Table
@@ -31,10 +31,9 @@ def load(cache: Path, version: str, cluster: str, policies: tuple[str, str]
            ) -> dict[str, dict[str, list[dict]]]:
     """Per policy and workload, the job records of the reports cached for ``version``."""
     found: dict[str, dict[str, list[dict]]] = defaultdict(dict)
-    for path in sorted((cache / version).glob(f"{cluster}-*.json")):
-        key = _parse(path.stem)
-        if key and key[0] == cluster and key[1] in policies:
-            found[key[1]][key[2]] = json.loads(path.read_text())["jobs"]
+    for (on, policy, workload), path in cached_reports(cache, version):
+        if on == cluster and policy in policies:
+            found[policy][workload] = json.loads(path.read_text())["jobs"]
     if not all(found.get(p) for p in policies):
         raise SystemExit(f"no cached reports of both {' and '.join(policies)} on {cluster} "
                          f"under {cache / version}: run bench/policy_comparison.py --policies "

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
 
 from rich.console import Console
@@ -42,15 +43,22 @@ def _parse(name: str) -> tuple[str, str, str] | None:
     return None
 
 
+def cached_reports(cache: Path, version: str) -> Iterator[tuple[tuple[str, str, str], Path]]:
+    """The reports cached for one source version, as ((cluster, policy, workload), path)."""
+    for path in sorted((cache / version).glob("*.json")):
+        key = _parse(path.stem)
+        if key is not None:
+            yield key, path
+
+
 def collect(cache: Path, versions: list[str], fresh: str = "",
             fresh_versions: int = 1) -> dict[tuple[str, str, str], dict]:
     """Reports by (cluster, policy, workload); policies starting with ``fresh`` only from the
     first ``fresh_versions`` versions (those with the code that changed them)."""
     found: dict[tuple[str, str, str], dict] = {}
     for version in versions:
-        for path in sorted((cache / version).glob("*.json")):
-            key = _parse(path.stem)
-            if key is None or key in found:
+        for key, path in cached_reports(cache, version):
+            if key in found:
                 continue
             if fresh and key[1].startswith(fresh) and version not in versions[:fresh_versions]:
                 continue

@@ -160,6 +160,9 @@ def test_dashboard_follows_jobs_live(browser: Any, service: Service, tmp_path: P
     # What one restart cost the job, measured from its runs (the API's restart_seconds).
     cost = next(j["restart_seconds"] for j in service.jobs() if j["name"] == "wide")
     assert page.locator("#detail-restart").inner_text() == f"{cost:.1f} s per restart"
+    # How long it held no devices (the API's queued_seconds; fixed once the job finished).
+    queued = next(j["queued_seconds"] for j in service.jobs() if j["name"] == "wide")
+    assert page.locator("#detail-queued").inner_text() == f"{queued:.1f} s without devices"
     assert int(page.locator("#status").get_attribute("data-polls") or 0) > 2
     assert not errors, errors
 

@@ -286,6 +286,9 @@
       ["finished", job.finish_time ? clock(job.finish_time) : null],
       [job.jct !== null && job.jct !== undefined ? "completion time" : "elapsed",
         duration(elapsed)],
+      ["queued", job.queued_seconds === null || job.queued_seconds === undefined ? null
+        : el("span", { id: "detail-queued" },
+          `${number(job.queued_seconds, 1)} s without devices`)],
       ["progress", `${((job.progress || 0) * 100).toFixed(1)}%` +
         (job.epoch !== undefined ? ` · epoch ${job.epoch}` : "") +
         (job.steps !== undefined ? ` · ${job.steps} steps` : "")],

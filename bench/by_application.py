@@ -43,35 +43,26 @@ def load(cache: Path, version: str, cluster: str, policies: tuple[str, str]
 
 def by_application(policy_jobs: dict[str, list[dict]], reference_jobs: dict[str, list[dict]]
                    ) -> tuple[list[str], dict[str, dict[str, float]]]:
-    """Per application, over the shared workloads: its finished jobs, both policies' summed
-    JCT (s) and device-hours, and their queued hours when every report records them."""
+    """Per application, over the shared workloads: its jobs that finished under both policies,
+    both policies' summed JCT (s) and device-hours, and their queued hours when every record
+    has one (reports from before the per-job queued time have none)."""
     workloads = sorted(set(policy_jobs) & set(reference_jobs))
-    sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    counts: dict[str, int] = defaultdict(int)
-    queued = True  # reports from before the per-job queued time have no ``queued_s``
+    pairs = []
     for workload in workloads:
         reference = {job["name"]: job for job in reference_jobs[workload]}
-        for job in policy_jobs[workload]:
-            other = reference.get(job["name"])
-            if other is None or job["jct_s"] is None or other["jct_s"] is None:
-                continue
-            counts[job["application"]] += 1
-            row = sums[job["application"]]
-            row["jct"] += job["jct_s"]
-            row["reference_jct"] += other["jct_s"]
-            row["device_hours"] += job["device_seconds"] / 3600
-            row["reference_device_hours"] += other["device_seconds"] / 3600
-            if job.get("queued_s") is None or other.get("queued_s") is None:
-                queued = False
-                continue
-            row["queued_hours"] += job["queued_s"] / 3600
-            row["reference_queued_hours"] += other["queued_s"] / 3600
+        pairs += [(job, reference[job["name"]]) for job in policy_jobs[workload]
+                  if job["jct_s"] is not None and job["name"] in reference
+                  and reference[job["name"]]["jct_s"] is not None]
+    fields = [("jct", "jct_s", 1.0), ("device_hours", "device_seconds", 3600.0)]
+    if all(record.get("queued_s") is not None for pair in pairs for record in pair):
+        fields.append(("queued_hours", "queued_s", 3600.0))
     rows: dict[str, dict[str, float]] = {}
-    for app, row in sums.items():
-        if not queued:
-            row.pop("queued_hours", None)
-            row.pop("reference_queued_hours", None)
-        rows[app] = {"jobs": counts[app], **row}
+    for job, other in pairs:
+        row = rows.setdefault(job["application"], {"jobs": 0})
+        row["jobs"] += 1
+        for name, key, unit in fields:
+            row[name] = row.get(name, 0.0) + job[key] / unit
+            row[f"reference_{name}"] = row.get(f"reference_{name}", 0.0) + other[key] / unit
     return workloads, rows
 
 

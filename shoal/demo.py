@@ -71,7 +71,7 @@ def _summary_table(summary: dict) -> Table:
         table.add_row(
             job["name"], job["state"],
             "-" if job["jct_s"] is None else f"{job['jct_s']:.0f}",
-            "-" if job.get("queued_s") is None else f"{job['queued_s']:.0f}",
+            "-" if job["queued_s"] is None else f"{job['queued_s']:.0f}",
             str(job["resizes"]), str(job["max_replicas_used"]),
             str(job["final_batch_size"] or "-"),
             "-" if not job["goodput"] else f"{job['goodput']:.0f}",

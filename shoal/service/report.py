@@ -88,7 +88,8 @@ def write(summary: dict[str, Any], folder: Path, title: str) -> dict[str, Path]:
 
     rows = "".join(
         f"<tr><td>{cell(j['name'])}</td><td>{cell(j['state'])}</td><td>{cell(j['jct_s'])}</td>"
-        f"<td>{cell(j.get('queued_s'))}</td><td>{cell(j['resizes'])}</td><td>{cell(j['max_replicas_used'])}</td>"
+        f"<td>{cell(j['queued_s'])}</td><td>{cell(j['resizes'])}</td>"
+        f"<td>{cell(j['max_replicas_used'])}</td>"
         f"<td>{cell(j['final_batch_size'])}</td><td>{cell(j['goodput'])}</td></tr>"
         for j in summary["jobs"]
     )
@@ -96,7 +97,7 @@ def write(summary: dict[str, Any], folder: Path, title: str) -> dict[str, Path]:
 <style>body{{font-family:sans-serif;margin:2em}}td,th{{padding:4px 10px;text-align:right}}
 td:first-child,th:first-child{{text-align:left}}</style></head><body>
 <h1>{html.escape(title)}</h1>
-<p>average JCT {cell(summary['avg_jct_s'])} s · queued {cell(summary.get('avg_queued_s'))} s ·
+<p>average JCT {cell(summary['avg_jct_s'])} s · queued {cell(summary['avg_queued_s'])} s ·
 makespan {cell(summary['makespan_s'])} s ·
 resizes {summary['total_resizes']} · finished {summary['finished']} · failed {summary['failed']}
 </p>

@@ -55,8 +55,7 @@ def main() -> None:
     tasks = [
         {"workload": str(DATA / "workloads" / f"workload-{w}.csv"), "policy": p,
          "cluster": c, "profiles": args.profiles or profiles_for(c), "interval": 60.0,
-         "restart_delay": 30.0,
-         "seed": 0}
+         "restart_delay": 30.0, "seed": 0}
         for c in args.clusters.split(",") for p in args.policies.split(",") for w in workloads
     ]
     cache = Path(args.cache) / _source_version()

@@ -1,21 +1,14 @@
 """bench/run_all.py: every benchmark it runs exists and takes the output option it is given."""
 
-import importlib.util
 import re
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.sim.bench_scripts import BENCH, load
 
 
 def _suite():
-    spec = importlib.util.spec_from_file_location("run_all", BENCH / "run_all.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["run_all"] = module  # dataclasses look their module up while being defined
-    spec.loader.exec_module(module)
-    return module.BENCHMARKS
+    return load("run_all").BENCHMARKS
 
 
 def test_each_benchmark_script_accepts_its_output_option():

@@ -1,25 +1,11 @@
 """bench/by_application.py: per-application sums of two policies' cached job records."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _module():
-    sys.path.insert(0, str(BENCH))  # the script imports its sibling comparison_table
-    try:
-        spec = importlib.util.spec_from_file_location("by_application",
-                                                      BENCH / "by_application.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCH))
-    return module
+from tests.sim.bench_scripts import load
 
 
 def _report(cache: Path, name: str, jobs: list[tuple], version: str = "v1") -> None:
@@ -31,7 +17,7 @@ def _report(cache: Path, name: str, jobs: list[tuple], version: str = "v1") -> N
 
 
 def test_sums_per_application_over_the_workloads_both_ran(tmp_path):
-    module = _module()
+    module = load("by_application")
     _report(tmp_path, "pollux-t4-64-shoal-workload-1",
             [("a-1", "cifar10", 100.0, 3600.0), ("b-2", "bert", 50.0, 7200.0),
              ("c-3", "bert", None, 10.0)])  # unfinished: left out
@@ -50,14 +36,14 @@ def test_sums_per_application_over_the_workloads_both_ran(tmp_path):
 
 
 def test_missing_reports_name_the_command_that_makes_them(tmp_path):
-    module = _module()
+    module = load("by_application")
     _report(tmp_path, "hetero-64-shoal-workload-1", [("a-1", "cifar10", 1.0, 1.0)])
     with pytest.raises(SystemExit, match=r"policy_comparison\.py --policies shoal,sia"):
         module.load(tmp_path, "v1", "hetero-64", ("shoal", "sia"))
 
 
 def test_queued_hours_are_summed_only_when_every_report_records_them(tmp_path):
-    module = _module()
+    module = load("by_application")
     _report(tmp_path, "hetero-64-shoal-workload-1",
             [("a-1", "cifar10", 100.0, 3600.0, 1800.0), ("b-2", "cifar10", 10.0, 36.0, 0.0)])
     _report(tmp_path, "hetero-64-sia-workload-1",

@@ -1,17 +1,9 @@
 """bench/comparison_table.py: which cached version each table row comes from."""
 
-import importlib.util
 import json
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "comparison_table.py"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("comparison_table", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.sim.bench_scripts import load
 
 
 def _report(cache: Path, version: str, name: str, avg: float) -> None:
@@ -21,7 +13,7 @@ def _report(cache: Path, version: str, name: str, avg: float) -> None:
 
 
 def test_fresh_policies_come_only_from_the_first_versions(tmp_path):
-    collect = _module().collect
+    collect = load("comparison_table").collect
     _report(tmp_path, "new", "hetero-256-shoal-workload-2", 1.0)
     _report(tmp_path, "refactor", "pollux-t4-64-shoal-workload-1", 2.0)
     _report(tmp_path, "old", "pollux-t4-64-shoal-workload-3", 3.0)
@@ -42,7 +34,7 @@ def test_fresh_policies_come_only_from_the_first_versions(tmp_path):
 
 
 def test_each_version_names_the_machines_it_ran_on(tmp_path):
-    module = _module()
+    module = load("comparison_table")
     _report(tmp_path, "new", "pollux-t4-64-shoal-workload-1", 1.0)
     (tmp_path / "new" / "environment-1a2b3c4d.json").write_text(
         json.dumps({"cpu": "AMD EPYC", "scipy": "1.17.1"}))
@@ -52,7 +44,7 @@ def test_each_version_names_the_machines_it_ran_on(tmp_path):
 
 
 def test_a_policy_missing_from_the_cache_comes_whole_from_the_base_table(tmp_path):
-    module = _module()
+    module = load("comparison_table")
     _report(tmp_path, "new", "pollux-t4-64-shoal-workload-1", 1.0)
     found = module.collect(tmp_path, ["new"])
     base = {
@@ -69,7 +61,7 @@ def test_a_policy_missing_from_the_cache_comes_whole_from_the_base_table(tmp_pat
 
 
 def test_main_writes_the_cached_rows_and_the_base_tables_other_policies(tmp_path, monkeypatch):
-    module = _module()
+    module = load("comparison_table")
     columns = [key for _, key, _ in module.METRICS]
     (tmp_path / "cache" / "new").mkdir(parents=True)
     (tmp_path / "cache" / "new" / "hetero-64-shoal-workload-1-0123abcd.json").write_text(

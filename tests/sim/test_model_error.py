@@ -1,29 +1,21 @@
 """bench/model_error.py: the step times a job's model predicts for configurations it has not
 run, against the profile's."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.sim.bench_scripts import load
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = ROOT.parent / "shared" / "data" / "pollux" / "workloads" / "workload-7.csv"
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("model_error", ROOT / "bench" / "model_error.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["model_error"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.skipif(not WORKLOAD.exists(), reason="needs ../shared/data")
 def test_first_runs_are_predicted_well_on_one_node_and_too_fast_across_nodes(tmp_path):
     head = tmp_path / "w7-12.csv"
     head.write_text("".join(WORKLOAD.read_text().splitlines(keepends=True)[:13]))
-    ratios, avg_jct = _bench().first_run_errors(head, "hetero-64",
+    ratios, avg_jct = load("model_error").first_run_errors(head, "hetero-64",
                                                 ROOT / "data" / "profiles-hetero", "shoal")
     assert avg_jct > 0
     # One node of a type the job was profiled on: the fitted model is within 10% at the median.

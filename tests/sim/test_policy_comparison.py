@@ -1,24 +1,9 @@
 """bench/policy_comparison.py: the acceptance ratios and each preset's profiles."""
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _module():
-    sys.path.insert(0, str(BENCH))  # the script imports its sibling environment
-    try:
-        spec = importlib.util.spec_from_file_location("policy_comparison",
-                                                      BENCH / "policy_comparison.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCH))
-    return module
+from tests.sim.bench_scripts import BENCH, load
 
 
 def _summary(policy: str, workload: str, avg: float, p99: float = 1.0,
@@ -28,7 +13,7 @@ def _summary(policy: str, workload: str, avg: float, p99: float = 1.0,
 
 
 def test_ratios_are_means_of_per_workload_ratios_over_common_workloads():
-    module = _module()
+    module = load("policy_comparison")
     summaries = [
         _summary("shoal", "workload-1", 100.0, makespan=110.0),
         _summary("shoal", "workload-2", 900.0, makespan=90.0),
@@ -45,14 +30,14 @@ def test_ratios_are_means_of_per_workload_ratios_over_common_workloads():
 
 
 def test_a_pair_without_common_workloads_has_no_ratio():
-    module = _module()
+    module = load("policy_comparison")
     ratios = module.acceptance_ratios([_summary("shoal", "workload-1", 1.0),
                                        _summary("pollux", "workload-2", 1.0)])
     assert ratios == {}
 
 
 def test_each_preset_reads_its_own_profiles():
-    module = _module()
+    module = load("policy_comparison")
     assert module.profiles_for("hetero-64") == module.profiles_for("hetero-256") \
         == "data/profiles-hetero"
     assert (BENCH.parent / module.profiles_for("hetero-64")).is_dir()

@@ -3,6 +3,9 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Test files run on this many processes; each file and all Ray tests stay on one (tests/conftest.py).
+# Tests marked realtime (held to timing bounds) run afterwards, one at a time.
+TEST_WORKERS ?= 2
 
 .PHONY: demo test lint bench clean venv
 
@@ -20,7 +23,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=15 \
+		-m "not realtime"
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=5 -m realtime
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

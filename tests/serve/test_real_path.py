@@ -102,6 +102,7 @@ def _within_bounds(report: dict) -> bool:
     return gap["attainment_gap_points"] <= 5.0 and gap["p99_relative_error"] <= 0.50
 
 
+@pytest.mark.realtime
 def test_simulator_predicts_the_real_path(cluster):
     """Same arrivals through the real path and the simulator, fed the batch table and HTTP
     times the real path measured on those requests: SLO attainment within 5 points, p99

@@ -174,6 +174,7 @@ stream: {input_rate: 40, throughput: {cpu: 80, gpu: 80}, max_lag_s: 5, max_repli
 """
 
 
+@pytest.mark.realtime
 @pytest.mark.slow
 def test_dashboard_shows_a_streams_rate_and_lag_instead_of_progress(
         browser: Any, tmp_path: Path) -> None:

@@ -212,6 +212,7 @@ stream:
 """
 
 
+@pytest.mark.realtime
 def test_a_stream_job_runs_workers_that_keep_up_as_its_input_rate_steps_up(
         tmp_path: Path) -> None:
     with running_service(tmp_path / "home", slots=2, interval=0.5) as service:
@@ -278,6 +279,7 @@ stream:
 """
 
 
+@pytest.mark.realtime
 def test_a_stream_job_on_devices_slower_than_declared_is_sized_by_their_measured_speed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Workers pace at 0.4 x 80 = 32 samples/s: one covers 40/s as declared, not as measured.

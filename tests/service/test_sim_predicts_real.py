@@ -19,7 +19,7 @@ from shoal.cli.main import cli
 from shoal.service.replay import compare, export_run, simulate_run
 from tests.service.helpers import all_done, running_service, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 TOLERANCE = 0.20
 

@@ -31,6 +31,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     loopback Ray cluster starts once."""
     root = Path(__file__).resolve().parent
     for item in items:
-        path = Path(item.fspath).resolve()
-        group = "ray" if root / "ray" in path.parents else str(path.relative_to(root))
+        path = item.path.resolve()
+        group = "ray" if root / "ray" in path.parents else str(path)
         item.add_marker(pytest.mark.xdist_group(group))

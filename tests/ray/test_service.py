@@ -199,7 +199,6 @@ stream: {input_rate: 120, throughput: {cpu: 80}, max_lag_s: 5, max_replicas: 2, 
 """
 
 
-@pytest.mark.realtime
 def test_a_stream_job_runs_its_workers_on_the_chosen_nodes(service: Service) -> None:
     # 1.2 x 120 samples/s needs two 80/s workers: one on each node's cpu device.
     assert service.submit(STREAM_YAML).status_code == 201

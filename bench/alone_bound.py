@@ -4,6 +4,8 @@
         [--profiles PATH] [--policies pollux,shoal] [--jobs 2] [--json out/alone_bound.json]
         [--table bench/results/policy_comparison_1-8.json]
 
+``--profiles`` defaults to the cluster preset's, as in ``bench/policy_comparison.py``.
+
 For every job of a workload, the simulator runs it with the cluster to itself, arriving at
 time 0, once under each of ``--policies`` (each adapts its size and batch size as it would
 among other jobs, exploring from one device), and once at every single-node power-of-two size
@@ -26,14 +28,13 @@ import argparse
 import json
 import statistics
 from concurrent.futures import ProcessPoolExecutor
+from functools import cache
 from pathlib import Path
 from typing import Any
 
+from policy_comparison import DATA, profiles_for, workload_numbers
 from rich.console import Console
 from rich.table import Table
-
-REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data" / "pollux"
 
 
 def _sizes(per_node: int, nodes: int) -> list[int]:
@@ -42,28 +43,49 @@ def _sizes(per_node: int, nodes: int) -> list[int]:
     return sorted(set(single) | {per_node * n for n in range(1, nodes + 1)})
 
 
+@cache
+def _jobs(workload: str) -> dict:
+    """A workload's jobs by name, read once per worker process."""
+    from shoal.spec import load_workload_csv
+
+    return {job.name: job for job in load_workload_csv(workload)}
+
+
+@cache
+def _cluster(name: str):
+    from shoal.spec import load_cluster
+
+    return load_cluster(name)
+
+
+@cache
+def _library(profiles: str):
+    """One profile library per worker process, so each application's profile is parsed once."""
+    from shoal.backends.sim.profile import ProfileLibrary
+
+    return ProfileLibrary(profiles)
+
+
 def alone_jcts(task: dict[str, Any]) -> dict[str, Any]:
     """One job's JCT alone on the cluster: under each policy and at each fixed size."""
     from shoal.backends.sim.isolated import isolated_jct
-    from shoal.backends.sim.profile import ProfileLibrary
     from shoal.backends.sim.run import simulate
     from shoal.policy.registry import tuned_policy
-    from shoal.spec import load_cluster, load_workload_csv
-    from shoal.spec.job import JobSpec
 
-    spec: JobSpec = next(j for j in load_workload_csv(task["workload"])
-                         if j.name == task["name"])
+    spec = _jobs(task["workload"])[task["name"]]
     alone = spec.model_copy(update={"submit_time": 0.0})
-    cluster = load_cluster(task["cluster"])
-    library = ProfileLibrary(task["profiles"])
+    cluster, library = _cluster(task["cluster"]), _library(task["profiles"])
     out: dict[str, Any] = {"name": spec.name, "application": spec.application, "runs": {}}
+    limits = None
     for policy in task["policies"]:
         result = simulate([alone], tuned_policy(policy, {}), cluster, library,
                           interval=task["interval"], restart_delay=task["restart_delay"])
         record = result.records[0]
+        limits = record.limits  # the job's limits as the simulator derived them
         if record.finish_time is not None:
             out["runs"][policy] = record.finish_time - record.spec.submit_time
-            limits = record.limits
+    if limits is None:
+        raise SystemExit("--policies: name at least one policy (its run gives the job's limits)")
     app = library.get(spec.application)
     batch = spec.batch_size or limits.init_batch_size
     for group in cluster.nodes:
@@ -81,16 +103,11 @@ def alone_jcts(task: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _workload_numbers(spec: str) -> list[int]:
-    first, _, last = spec.partition("-")
-    return list(range(int(first), int(last or first) + 1))
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="1-8")
     parser.add_argument("--cluster", default="pollux-t4-64")
-    parser.add_argument("--profiles", default=str(DATA / "traces"))
+    parser.add_argument("--profiles", default=None)
     parser.add_argument("--policies", default="pollux,shoal")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--interval", type=float, default=60.0)
@@ -102,17 +119,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
 
-    from shoal.spec import load_workload_csv
-
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not policies:
+        parser.error("--policies: name at least one policy (its run gives each job's limits)")
+    args.profiles = args.profiles or profiles_for(args.cluster)
     tasks = []
-    for number in _workload_numbers(args.workloads):
-        path = DATA / "workloads" / f"workload-{number}.csv"
-        for spec in load_workload_csv(path):
-            tasks.append({"workload": str(path), "name": spec.name, "cluster": args.cluster,
-                          "profiles": args.profiles, "policies": policies,
-                          "interval": args.interval, "restart_delay": args.restart_delay,
-                          "number": number})
+    for number in workload_numbers(args.workloads):
+        path = str(DATA / "workloads" / f"workload-{number}.csv")
+        tasks += [{"workload": path, "name": name, "cluster": args.cluster,
+                   "profiles": args.profiles, "policies": policies, "interval": args.interval,
+                   "restart_delay": args.restart_delay, "number": number}
+                  for name in _jobs(path)]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         results = list(pool.map(alone_jcts, tasks, chunksize=4))
     for task, result in zip(tasks, results, strict=True):
@@ -120,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     averages = _table_averages(args.table, args.cluster) if args.table else {}
     rows = []
-    for number in _workload_numbers(args.workloads):
+    for number in workload_numbers(args.workloads):
         name = f"workload-{number}"
         jobs = [r for r in results if r["workload"] == name]
         row: dict[str, Any] = {

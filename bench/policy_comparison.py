@@ -50,8 +50,7 @@ def main() -> None:
     parser.add_argument("--json", default="out/policy_comparison.json")
     parser.add_argument("--cache", default="out/policy_runs")
     args = parser.parse_args()
-    lo, _, hi = args.workloads.partition("-")
-    workloads = range(int(lo), int(hi or lo) + 1)
+    workloads = workload_numbers(args.workloads)
     tasks = [
         {"workload": str(DATA / "workloads" / f"workload-{w}.csv"), "policy": p,
          "cluster": c, "profiles": args.profiles or profiles_for(c), "interval": 60.0,
@@ -90,6 +89,12 @@ def main() -> None:
                                 "ratios": ratios, "runs": [r["summary"] for r in reports]},
                                indent=2))
     console.print(f"wrote {path}")
+
+
+def workload_numbers(spec: str) -> list[int]:
+    """``"1-8"`` or ``"3"``: the Pollux workloads to run."""
+    lo, _, hi = spec.partition("-")
+    return list(range(int(lo), int(hi or lo) + 1))
 
 
 def profiles_for(cluster: str) -> str:

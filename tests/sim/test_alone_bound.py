@@ -38,3 +38,10 @@ def test_target_share_is_the_part_of_the_delay_above_alone_to_remove():
     assert module._target_share({"alone_avg_jct_s": 1.0}, "shoal", "pollux", 0.8) == {}
     below = module._target_share({**row, "shoal_avg_jct_s": 900.0}, "shoal", "pollux", 0.8)
     assert math.isnan(below["delay_to_remove"])
+
+
+def test_no_policy_is_refused_naming_the_option(capsys):
+    module = load("alone_bound")
+    with pytest.raises(SystemExit):
+        module.main(["--workloads", "1", "--policies", " "])
+    assert "--policies" in capsys.readouterr().err

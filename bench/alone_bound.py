@@ -163,11 +163,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _table_averages(path: Path, cluster: str) -> dict[str, dict[str, float]]:
-    by_policy = json.loads(path.read_text()).get(cluster, {})
+    """Per workload and policy, the average JCT on ``cluster`` in a comparison table: the JSON
+    ``bench/policy_comparison.py --json`` writes (its ``runs``) or a published one
+    (``bench/results/policy_comparison_1-8.json``: per cluster, policy and workload)."""
+    table = json.loads(path.read_text())
     out: dict[str, dict[str, float]] = {}
-    for policy, summary in by_policy.items():
-        for workload, row in summary.get("per_workload", {}).items():
-            out.setdefault(workload, {})[policy] = row["avg_jct_s"]
+    if "runs" in table:
+        for run in table["runs"]:
+            if run["cluster"] == cluster:
+                out.setdefault(run["workload"], {})[run["policy"]] = run["avg_jct_s"]
+    else:
+        for policy, summary in table.get(cluster, {}).items():
+            for workload, row in summary.get("per_workload", {}).items():
+                out.setdefault(workload, {})[policy] = row["avg_jct_s"]
+    if not out:
+        raise SystemExit(f"--table {path}: no runs on {cluster}; run bench/policy_comparison.py "
+                         f"--clusters {cluster} --json {path} first")
     return out
 
 

@@ -1,5 +1,6 @@
 """bench/alone_bound.py: every job's JCT with the cluster to itself."""
 
+import json
 import math
 
 import pytest
@@ -45,3 +46,18 @@ def test_no_policy_is_refused_naming_the_option(capsys):
     with pytest.raises(SystemExit):
         module.main(["--workloads", "1", "--policies", " "])
     assert "--policies" in capsys.readouterr().err
+
+
+def test_table_averages_read_both_comparison_formats(tmp_path):
+    module = load("alone_bound")
+    written = tmp_path / "run.json"  # as bench/policy_comparison.py --json writes it
+    written.write_text(json.dumps({"runs": [
+        {"cluster": "c", "policy": "shoal", "workload": "workload-1", "avg_jct_s": 10.0},
+        {"cluster": "other", "policy": "shoal", "workload": "workload-1", "avg_jct_s": 99.0}]}))
+    published = tmp_path / "published.json"  # bench/results/policy_comparison_1-8.json
+    published.write_text(json.dumps({"c": {"shoal": {"per_workload": {
+        "workload-1": {"avg_jct_s": 10.0}}}}, "environments": {}}))
+    for path in (written, published):
+        assert module._table_averages(path, "c") == {"workload-1": {"shoal": 10.0}}
+    with pytest.raises(SystemExit, match=r"policy_comparison\.py --clusters absent"):
+        module._table_averages(written, "absent")

@@ -3,8 +3,8 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# Test files run on this many processes; each file and all Ray tests stay on one (tests/conftest.py).
-# Tests marked realtime (held to timing bounds) run afterwards, one at a time.
+# Test files run on this many processes, each file on one (tests/conftest.py); the Ray tests
+# and those marked realtime (held to timing bounds) run afterwards, one at a time.
 TEST_WORKERS ?= 2
 
 .PHONY: demo test lint bench clean venv
@@ -23,9 +23,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=15 \
-		-m "not realtime"
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=5 -m realtime
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=15 \
+		-m "not realtime and not ray"
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 -m "realtime or ray"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

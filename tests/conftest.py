@@ -24,13 +24,15 @@ def profiles(pollux_data):
     return ProfileLibrary(pollux_data / "traces")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``make test`` runs ``--dist loadgroup``), each test file runs on one
-    worker, in order, since the tests of a file share module-scoped services and some build on
-    what an earlier test submitted; every Ray test runs on one worker, so the session's
-    loopback Ray cluster starts once."""
-    root = Path(__file__).resolve().parent
+    """Every test under tests/ray/ is marked ``ray``. ``make test`` runs the other test files
+    on two processes (``--dist loadfile``: a file's tests share module-scoped services, and
+    some build on what an earlier test submitted, so each file stays on one process), then the
+    Ray tests and the ``realtime`` ones one at a time, so the session's loopback Ray cluster
+    starts once. (xdist's ``loadgroup`` would keep them together, but with pytest 9.2 it does
+    not group: it renames ``item._nodeid``, which pytest no longer reads.)"""
+    ray_tests = Path(__file__).resolve().parent / "ray"
     for item in items:
-        path = item.path.resolve()
-        group = "ray" if root / "ray" in path.parents else str(path)
-        item.add_marker(pytest.mark.xdist_group(group))
+        if ray_tests in item.path.resolve().parents:
+            item.add_marker(pytest.mark.ray)

@@ -165,8 +165,11 @@ def fit_perf_params(
     Parameters that the observations cannot identify are pinned, as Pollux does: the constant
     compute term when one micro-batch size was seen, the inter-node terms without multi-node
     runs, the intra-node terms without single-node multi-replica runs, and the retrogression
-    terms without runs of more than two replicas. Without multi-node runs the inter-node terms
-    are then set to at least 1.1x the intra-node ones (a network crossing is never faster).
+    terms without runs of more than two replicas, and the inter-node retrogression while the
+    runs across nodes have all had the same replica count (the slope needs two counts; pinned,
+    the sync time measured there holds for larger sizes, as a ring all-reduce's bandwidth term
+    does). Without multi-node runs the inter-node terms are then set to at least 1.1x the
+    intra-node ones (a network crossing is never faster).
 
     ``warm_start`` (the previous fit of the same job) starts the search there instead of at
     the generic initial point: refits after one more observation then take a few iterations.
@@ -200,6 +203,11 @@ def fit_perf_params(
     if not np.any(replicas > 2):
         pin(3, _TINY)
         pin(5, _TINY)
+    if len(np.unique(replicas[nodes > 1])) == 1:
+        # One replica count across nodes fits any split of its sync time between the constant
+        # and the per-replica term; L-BFGS-B, whose steep direction is the slope, put most of
+        # it there, and extrapolated steeply growing sync time to larger sizes.
+        pin(3, _TINY)
 
     scale = float(bsz.max())
     if warm_start is not None:

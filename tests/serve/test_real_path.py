@@ -127,10 +127,12 @@ def test_simulator_predicts_the_real_path(cluster):
         report, summary, load = _fidelity(cluster)
         summary = f"{summary}; first run: {first}"
     real, sim = report["real"], report["sim_same_run"]
-    if real["p99_send_lag_s"] > 0.05 or load > 5 * (os.cpu_count() or 1):
+    busy = real["p99_send_lag_s"] > 0.05 or load > 5 * (os.cpu_count() or 1)
+    if busy and not _within_bounds(report):
         # The load generator was starved of CPU (so the real path did not get the arrivals the
         # check is about) or the run queue held > 5 tasks per core: on such a machine the real
         # path's timing is set by other people's work, not by anything a simulator models.
+        # A busy run that is still within bounds is checked as any other.
         pytest.skip(f"machine too busy for a timing check ({summary})")
     assert real["requests"] == sim["requests"] == report["sim"]["requests"] > 200
     assert real["errors"] == 0

@@ -19,13 +19,21 @@ def describe() -> dict[str, str]:
 
 
 def _numpy_simd() -> str:
-    """The SIMD targets numpy dispatches to on this CPU: the same build picks other kernels on
-    CPUs with other vector units (AVX2 against AVX-512, say)."""
+    """The SIMD kernel numpy runs for the float64 ufuncs that model fits and solvers lean on,
+    e.g. ``exp:X86_V4`` (AVX-512): the same build picks other kernels on CPUs with other vector
+    units, and their results can differ in the last bits. "unknown" for a numpy without
+    ``numpy.lib.introspect`` (added in 2.0)."""
     try:
-        from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
-    except ImportError:  # a numpy without these (private) tables
+        from numpy.lib.introspect import opt_func_info
+    except ImportError:
         return "unknown"
-    return " ".join(name for name in __cpu_dispatch__ if __cpu_features__.get(name)) or "none"
+    info = opt_func_info(func_name=f"^({'|'.join(_KERNEL_UFUNCS)})$", signature="float64")
+    kernels = [f"{name}:{loop['current']}" for name in _KERNEL_UFUNCS
+               for loop in info.get(name, {}).values()]
+    return " ".join(kernels) or "none"
+
+
+_KERNEL_UFUNCS = ("add", "multiply", "divide", "exp", "log", "sqrt", "power")
 
 
 def _blas() -> str:

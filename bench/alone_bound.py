@@ -32,6 +32,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from comparison_table import from_base
 from policy_comparison import DATA, profiles_for, workload_numbers
 from rich.console import Console
 from rich.table import Table
@@ -173,9 +174,9 @@ def _table_averages(path: Path, cluster: str) -> dict[str, dict[str, float]]:
             if run["cluster"] == cluster:
                 out.setdefault(run["workload"], {})[run["policy"]] = run["avg_jct_s"]
     else:
-        for policy, summary in table.get(cluster, {}).items():
-            for workload, row in summary.get("per_workload", {}).items():
-                out.setdefault(workload, {})[policy] = row["avg_jct_s"]
+        for (where, policy, workload), summary in from_base(table, {}).items():
+            if where == cluster:
+                out.setdefault(workload, {})[policy] = summary["avg_jct_s"]
     if not out:
         raise SystemExit(f"--table {path}: no runs on {cluster}; run bench/policy_comparison.py "
                          f"--clusters {cluster} --json {path} first")

@@ -22,7 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from comparison_table import cached_reports
-from policy_comparison import _source_version
+from policy_comparison import source_version
 from rich.console import Console
 from rich.table import Table
 
@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument("--reference", default="pollux")
     parser.add_argument("--json", default="out/by_application.json")
     args = parser.parse_args()
-    version = args.version or _source_version()
+    version = args.version or source_version()
     found = load(Path(args.cache), version, args.cluster, (args.policy, args.reference))
     workloads, rows = by_application(found[args.policy], found[args.reference])
     total = sum(row["jct"] for row in rows.values())

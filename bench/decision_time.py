@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 from environment import describe
-from policy_comparison import _source_version
+from policy_comparison import source_version
 from rich.console import Console
 from rich.table import Table
 from threadpoolctl import threadpool_limits
@@ -125,7 +125,7 @@ def main() -> None:
     Console().print(table)
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"source_version": _source_version(), "environment": describe(),
+    out.write_text(json.dumps({"source_version": source_version(), "environment": describe(),
                                "rows": rows}, indent=2))
     print(f"wrote {out}")
 

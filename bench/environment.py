@@ -18,6 +18,10 @@ def describe() -> dict[str, str]:
             "cpu": _cpu_model(), **packages, "numpy_simd": _numpy_simd(), "blas": _blas()}
 
 
+# The float64 ufuncs whose kernels describe() names: those model fits and solvers lean on.
+_KERNEL_UFUNCS = ("add", "multiply", "divide", "exp", "log", "sqrt", "power")
+
+
 def _numpy_simd() -> str:
     """The SIMD kernel numpy runs for the float64 ufuncs that model fits and solvers lean on,
     e.g. ``exp:X86_V4`` (AVX-512): the same build picks other kernels on CPUs with other vector
@@ -31,9 +35,6 @@ def _numpy_simd() -> str:
     kernels = [f"{name}:{loop['current']}" for name in _KERNEL_UFUNCS
                for loop in info.get(name, {}).values()]
     return " ".join(kernels) or "none"
-
-
-_KERNEL_UFUNCS = ("add", "multiply", "divide", "exp", "log", "sqrt", "power")
 
 
 def _blas() -> str:

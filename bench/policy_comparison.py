@@ -57,7 +57,7 @@ def main() -> None:
          "restart_delay": 30.0, "seed": 0}
         for c in args.clusters.split(",") for p in args.policies.split(",") for w in workloads
     ]
-    cache = Path(args.cache) / _source_version()
+    cache = Path(args.cache) / source_version()
     cache.mkdir(parents=True, exist_ok=True)
     environment = describe()
     (cache / f"environment-{_environment_key(environment)}.json").write_text(
@@ -124,7 +124,7 @@ def acceptance_ratios(summaries: list[dict]) -> dict[str, float]:
     return out
 
 
-def _source_version() -> str:
+def source_version() -> str:
     """A digest of shoal's sources: cached reports are reused only for the same code."""
     digest = hashlib.sha256()
     for path in sorted((ROOT / "shoal").rglob("*.py")):

@@ -52,12 +52,16 @@ def test_table_averages_read_both_comparison_formats(tmp_path):
     module = load("alone_bound")
     written = tmp_path / "run.json"  # as bench/policy_comparison.py --json writes it
     written.write_text(json.dumps({"runs": [
-        {"cluster": "c", "policy": "shoal", "workload": "workload-1", "avg_jct_s": 10.0},
-        {"cluster": "other", "policy": "shoal", "workload": "workload-1", "avg_jct_s": 99.0}]}))
-    published = tmp_path / "published.json"  # bench/results/policy_comparison_1-8.json
-    published.write_text(json.dumps({"c": {"shoal": {"per_workload": {
-        "workload-1": {"avg_jct_s": 10.0}}}}, "environments": {}}))
+        {"cluster": "hetero-64", "policy": "shoal", "workload": "workload-1", "avg_jct_s": 10.0},
+        {"cluster": "hetero-256", "policy": "shoal", "workload": "workload-1",
+         "avg_jct_s": 99.0}]}))
+    # bench/results/policy_comparison_1-8.json, as bench/comparison_table.py writes it
+    published = tmp_path / "published.json"
+    published.write_text(json.dumps({
+        "hetero-64": {"shoal": {"per_workload": {"workload-1": {"avg_jct_s": 10.0}}}},
+        "hetero-256": {"shoal": {"per_workload": {"workload-1": {"avg_jct_s": 99.0}}}},
+        "environments": {}}))
     for path in (written, published):
-        assert module._table_averages(path, "c") == {"workload-1": {"shoal": 10.0}}
-    with pytest.raises(SystemExit, match=r"policy_comparison\.py --clusters absent"):
-        module._table_averages(written, "absent")
+        assert module._table_averages(path, "hetero-64") == {"workload-1": {"shoal": 10.0}}
+    with pytest.raises(SystemExit, match=r"policy_comparison\.py --clusters pollux-t4-64"):
+        module._table_averages(written, "pollux-t4-64")

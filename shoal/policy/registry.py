@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from shoal.core.types import Policy
 from shoal.spec.errors import SpecError
+from shoal.spec.suggest import did_you_mean
 
 
 def _fifo() -> Policy:
@@ -88,8 +89,8 @@ def make_policy(name: str) -> Policy:
     try:
         factory = POLICIES[name]
     except KeyError:
-        raise SpecError(f"unknown policy '{name}'; choose from {', '.join(POLICIES)}",
-                        field="policy") from None
+        raise SpecError(f"unknown policy '{name}'{did_you_mean(name, POLICIES)}; choose from "
+                        f"{', '.join(POLICIES)}", field="policy") from None
     return factory()
 
 
@@ -136,7 +137,8 @@ def select_policies(names: str, knobs: Sequence[str] = ()) -> tuple[list[str], d
     policies = [name.strip() for name in names.split(",") if name.strip()]
     unknown = [name for name in policies if name not in POLICIES]
     if unknown or not policies:
-        raise SpecError(f"unknown policy {unknown or names!r}; choose from "
+        hint = did_you_mean(unknown[0], POLICIES) if len(unknown) == 1 else ""
+        raise SpecError(f"unknown policy {unknown or names!r}{hint}; choose from "
                         f"{', '.join(POLICIES)}", field="policy")
     overrides = ShoalKnobs.overrides(knobs)
     if overrides and not any(is_shoal(name) for name in policies):

@@ -89,6 +89,7 @@ from shoal.policy.goodput_matrix import (
     restart_factors,
 )
 from shoal.spec.errors import SpecError
+from shoal.spec.suggest import did_you_mean
 
 DEVICE_HOUR = 3600.0
 _LEAST_PREEMPTION_FACTOR = 0.01  # charge_preemption: a restart factor of 0 counts as this
@@ -174,8 +175,9 @@ class ShoalKnobs:
             key, sep, value = pair.partition("=")
             key = key.strip().replace("-", "_")
             if not sep or key not in defaults:
+                hint = did_you_mean(key, defaults) if sep else ""
                 raise SpecError(f"'{pair}' is not KEY=VALUE with KEY one of "
-                                f"{', '.join(defaults)}", field="knob")
+                                f"{', '.join(defaults)}{hint}", field="knob")
             raw[key] = value.strip()
         try:
             knobs = TypeAdapter(cls).validate_python({**defaults, **raw})

@@ -9,6 +9,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shoal.spec.errors import SpecError, from_validation_error
+from shoal.spec.suggest import did_you_mean
 
 
 class DeviceType(BaseModel):
@@ -92,7 +93,7 @@ def parse_cluster(data: dict, source: str | None = None) -> ClusterSpec:
     try:
         return ClusterSpec.model_validate(data)
     except ValidationError as exc:
-        raise from_validation_error(exc, source) from exc
+        raise from_validation_error(exc, source, ClusterSpec) from exc
 
 
 def load_cluster(preset_or_path: str) -> ClusterSpec:
@@ -102,7 +103,8 @@ def load_cluster(preset_or_path: str) -> ClusterSpec:
         path = _PRESET_DIR / f"{preset_or_path}.yaml"
         if not path.exists():
             raise SpecError(
-                f"'{preset_or_path}' is neither a cluster YAML file nor a preset; "
+                f"'{preset_or_path}' is neither a cluster YAML file nor a preset"
+                f"{did_you_mean(preset_or_path, preset_names())}; "
                 f"presets: {', '.join(preset_names())}",
                 field="cluster",
             )

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import ValidationError
+import json
+from typing import get_args
+
+from pydantic import BaseModel, ValidationError
+
+from shoal.spec.suggest import closest
 
 
 class SpecError(ValueError):
@@ -30,8 +35,52 @@ def _location(loc: tuple) -> str:
     return "".join(parts)
 
 
-def from_validation_error(exc: ValidationError, source: str | None = None) -> SpecError:
-    """Turn pydantic's error list into one SpecError naming the first bad field."""
+def _model_in(annotation: object) -> type[BaseModel] | None:
+    """The pydantic model a field holds, looking inside Optional, list and tuple."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _fields_at(model: type[BaseModel], path: tuple) -> list[str] | None:
+    """The field names the model nested at ``path`` accepts (None where that is not a model)."""
+    current: type[BaseModel] | None = model
+    for item in path:
+        if isinstance(item, int):
+            continue  # an index into a list: its items are the field's model
+        field = current.model_fields.get(item) if current is not None else None
+        current = _model_in(field.annotation) if field is not None else None
+    if current is None:
+        return None
+    return [info.alias or name for name, info in current.model_fields.items()]
+
+
+def _fix(err: dict, model: type[BaseModel] | None) -> str:
+    """How to fix one error, where more can be said than pydantic's message."""
+    loc, got = tuple(err.get("loc", ())), err.get("input")
+    if err.get("type") == "extra_forbidden" and model is not None and loc:
+        allowed = _fields_at(model, loc[:-1])
+        if allowed:
+            guess = closest(str(loc[-1]), allowed)
+            if guess is not None:
+                return f"; did you mean '{guess}'?"
+            return f"; accepted fields here: {', '.join(allowed)}"
+    if err.get("type") == "list_type" and isinstance(got, str) and got.strip():
+        return f"; write it as a list, e.g. {json.dumps(got.split())}"
+    return ""
+
+
+def from_validation_error(exc: ValidationError, source: str | None = None,
+                          model: type[BaseModel] | None = None) -> SpecError:
+    """Turn pydantic's error list into one SpecError naming the first bad field.
+
+    With ``model`` (the model validated), a misspelled field gets the closest accepted name,
+    or the list of accepted names where none is close.
+    """
     lines = []
     first_field = None
     for err in exc.errors():
@@ -39,7 +88,7 @@ def from_validation_error(exc: ValidationError, source: str | None = None) -> Sp
         first_field = first_field or field
         got = err.get("input")
         hint = f" (got {got!r})" if not isinstance(got, dict | list) else ""
-        lines.append(f"field '{field}': {err['msg']}{hint}")
+        lines.append(f"field '{field}': {err['msg']}{hint}{_fix(err, model)}")
     message = "; ".join(lines)
     error = SpecError(message, field=None, source=source)
     error.field = first_field

@@ -154,7 +154,7 @@ def parse_job(data: object, source: str | None = None) -> JobSpec:
     try:
         return JobSpec.model_validate(data)
     except ValidationError as exc:
-        raise from_validation_error(exc, source) from exc
+        raise from_validation_error(exc, source, JobSpec) from exc
 
 
 def load_job_yaml(text: str, source: str | None = None) -> JobSpec:

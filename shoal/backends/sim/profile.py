@@ -28,6 +28,7 @@ from scipy.interpolate import LinearNDInterpolator
 
 from shoal.backends.sim.applications import KNOWN_APPLICATIONS, AppDefaults
 from shoal.spec.errors import SpecError
+from shoal.spec.suggest import did_you_mean
 
 BASE_DEVICE_TYPE = "t4"
 _MAX_INTERPOLATED_NODES = 16
@@ -260,7 +261,8 @@ class ProfileLibrary:
             app_dir = self.root / name
             if not app_dir.is_dir():
                 raise SpecError(
-                    f"unknown application '{name}'; profiles in {self.root}: {self.names()}",
+                    f"unknown application '{name}'{did_you_mean(name, self.names())}; "
+                    f"profiles in {self.root}: {self.names()}",
                     field="application",
                 )
             app = self._apps[name] = ApplicationProfile(app_dir)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -14,6 +15,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from shoal.perf.planned import PLAN_MODES
+from shoal.policy.registry import POLICIES
+from shoal.spec.cluster import ClusterSpec, preset_names
 from shoal.spec.errors import SpecError
 
 SUMMARY_COLUMNS = [
@@ -90,15 +93,36 @@ def _by_policy(reports: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return out
 
 
+def _check_profiles_cover(cluster: ClusterSpec, profile_dir: Path) -> None:
+    """Refuse a cluster whose device types no profile in ``profile_dir`` measures, naming a
+    directory at hand that does (the heterogeneous presets need ``data/profiles-hetero``).
+    Only profiled jobs need this: jobs that declare a model are planned, not profiled."""
+    from shoal.backends.sim.locate import profile_dirs
+    from shoal.backends.sim.profile import ProfileLibrary
+
+    wanted = {group.device_type for group in cluster.nodes}
+    missing = sorted(wanted - ProfileLibrary(profile_dir).measured_device_types())
+    if not missing:
+        return
+    fix = "pass --profiles DIR with profiles of those types"
+    for candidate in profile_dirs():
+        if wanted <= ProfileLibrary(candidate).measured_device_types():
+            fix += f", e.g. --profiles {os.path.relpath(candidate)}"
+            break
+    raise SpecError(f"no profile in {profile_dir} measures the cluster's device types {missing}; "
+                    f"{fix}", field="profiles")
+
+
 @click.command("sim")
 @click.option("--workload", "workload", required=True, type=click.Path(path_type=Path),
               help="workload CSV, or a directory: every *.csv in it is run")
 @click.option("--policy", default="pollux", show_default=True,
-              help="policy name or comma-separated names")
+              help="policy name or comma-separated names: " + ", ".join(POLICIES))
 @click.option("--cluster", default="pollux-t4-64", show_default=True,
-              help="cluster preset name or YAML file")
+              help="cluster preset name (" + ", ".join(preset_names()) + ") or YAML file")
 @click.option("--profiles", type=click.Path(path_type=Path), default=None,
-              help="profile directory (default: $SHOAL_PROFILES or shared/data/pollux/traces)")
+              help="profile directory (default: $SHOAL_PROFILES or shared/data/pollux/traces, "
+                   "T4 only; the mixed presets need data/profiles-hetero)")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None,
               help="write the report here ('-' for stdout)")
 @click.option("--plot", "plot_out", type=click.Path(path_type=Path), default=None,
@@ -124,7 +148,7 @@ def sim_command(workload, policy, cluster, profiles, json_out, plot_out, seed, i
     """Simulate a workload trace under one or more policies and compare them."""
     from shoal.backends.sim.locate import default_profiles
     from shoal.policy.registry import select_policies
-    from shoal.spec import load_cluster
+    from shoal.spec import load_cluster, load_workload_csv
 
     to_stdout = json_out == Path("-")
     console = Console(stderr=to_stdout)
@@ -132,11 +156,14 @@ def sim_command(workload, policy, cluster, profiles, json_out, plot_out, seed, i
         console = Console(stderr=to_stdout, width=160)
     try:
         policies, overrides = select_policies(policy, knobs)
-        load_cluster(cluster)
+        cluster_spec = load_cluster(cluster)
         profile_dir = profiles or default_profiles()
         if not Path(profile_dir).is_dir():
             raise SpecError(f"profile directory {profile_dir} does not exist", field="profiles")
         files = _workloads(workload)
+        if any(spec.kind == "train" and spec.model is None
+               for f in files for spec in load_workload_csv(f)):
+            _check_profiles_cover(cluster_spec, Path(profile_dir))
     except SpecError as exc:
         raise click.UsageError(str(exc)) from exc
     tasks = [

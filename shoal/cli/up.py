@@ -39,6 +39,12 @@ from shoal.spec.errors import SpecError
 @click.option("--checkpoint-dir", default=None,
               help="ray: where jobs checkpoint; a path every node can read (default "
                    "HOME/checkpoints).")
+@click.option("--max-retries", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Restarts of a crashed job in a row before it is marked failed (the count "
+                   "resets once a restarted run reports progress).")
+@click.option("--backoff", type=click.FloatRange(min=0.0), default=2.0, show_default=True,
+              help="Seconds before the first restart of a crashed job; doubled for each "
+                   "further one in a row.")
 @click.option("--restart-delay", type=float, default=10.0, show_default=True,
               help="Seconds the policy charges for one restart (checkpoint, restore, warm-up).")
 @click.option("--knob", "knobs", multiple=True, metavar="KEY=VALUE",
@@ -51,7 +57,7 @@ from shoal.spec.errors import SpecError
 def up_command(home: str | None, port: int | None, policy: str, interval: float,
                device: str | None, slots: int | None, cores_per_slot: int | None,
                slot_memory_gb: float | None, db_url: str | None, checkpoint_interval: float,
-               backend: str,
+               backend: str, max_retries: int, backoff: float,
                address: str | None, checkpoint_dir: str | None, restart_delay: float,
                knobs: tuple[str, ...], host: str | None, foreground: bool) -> None:
     """Start the scheduler service (returns once its API answers)."""
@@ -70,7 +76,7 @@ def up_command(home: str | None, port: int | None, policy: str, interval: float,
                "cores_per_slot": cores_per_slot, "slot_memory_gb": slot_memory_gb,
                "db_url": db_url,
                "checkpoint_interval": checkpoint_interval, "restart_delay": restart_delay,
-               "knob": list(knobs)}
+               "max_retries": max_retries, "backoff": backoff, "knob": list(knobs)}
     if backend != "local":
         options.update(backend=backend, address=address, checkpoint_dir=checkpoint_dir)
     if host:

@@ -62,6 +62,29 @@ def test_shoal_up_refuses_a_bad_knob_before_starting_anything(tmp_path: Path) ->
     assert not (home / "service.json").exists()
 
 
+def test_shoal_up_passes_crash_retry_settings_to_the_service(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shoal.cli import up
+    from shoal.service.__main__ import parse_args
+    from shoal.service.launch import service_command
+
+    started: dict[str, Any] = {}
+
+    def start(home: Path, port: int | None, **options: object) -> tuple[str, int]:
+        started.update(options)
+        return "http://127.0.0.1:1", 1
+
+    monkeypatch.setattr(up, "start_background", start)
+    result = CliRunner().invoke(cli, ["up", "--home", str(tmp_path / "home"),
+                                      "--max-retries", "5", "--backoff", "0.5"])
+    assert result.exit_code == 0, result.output
+    config = parse_args(service_command(tmp_path / "home", 1, started)[3:])
+    assert config.max_retries == 5 and config.backoff_s == 0.5
+    refused = CliRunner().invoke(cli, ["up", "--home", str(tmp_path / "home"),
+                                       "--max-retries", "-1"])
+    assert refused.exit_code == 2 and "--max-retries" in refused.output
+
+
 def test_the_service_reports_the_knobs_it_runs_and_the_replay_reuses_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with running_service(tmp_path / "home", policy="shoal", restart_delay=7.0,

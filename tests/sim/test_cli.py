@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -40,6 +41,46 @@ def test_sim_command_names_bad_arguments(tmp_path, pollux_data):
     result = runner.invoke(cli, ["sim", "--workload", str(pollux_data / "workloads"),
                                  "--policy", "nope"])
     assert result.exit_code == 2 and "unknown policy" in result.output
+
+
+def test_sim_on_a_mixed_cluster_with_t4_profiles_names_the_profiles_to_use(tmp_path,
+                                                                          pollux_data):
+    workload = _eight_jobs(tmp_path, pollux_data)
+    result = CliRunner().invoke(cli, ["sim", "--workload", str(workload), "--cluster",
+                                      "hetero-64", "--profiles", str(pollux_data / "traces")])
+    assert result.exit_code == 2, result.output
+    assert "'profiles'" in result.output and "['a100', 'v100']" in result.output
+    assert "profiles-hetero" in result.output
+
+
+def test_a_job_without_a_profile_for_a_cluster_type_is_rejected_not_crashed(tmp_path,
+                                                                          pollux_data):
+    """Profiles that measure a cluster's types for some applications only: the others'
+    jobs are rejected with the reason, and the rest of the workload runs."""
+    import shutil
+
+    from shoal.backends.sim.profile import ProfileLibrary
+    from shoal.backends.sim.run import simulate
+    from shoal.policy.registry import make_policy
+    from shoal.spec import load_cluster, load_workload_csv
+
+    hetero = Path(__file__).resolve().parents[2] / "data" / "profiles-hetero"
+    profiles = tmp_path / "profiles"
+    shutil.copytree(hetero / "cifar10", profiles / "cifar10")
+    shutil.copytree(hetero / "ncf", profiles / "ncf")
+    for name in ("placements-a100.csv", "scalability-a100.csv"):
+        (profiles / "ncf" / name).unlink()
+    jobs = [j for j in load_workload_csv(_eight_jobs(tmp_path, pollux_data))
+            if j.application in ("cifar10", "ncf")]
+    assert {j.application for j in jobs} == {"cifar10", "ncf"}
+    result = simulate(jobs, make_policy("shoal"), load_cluster("hetero-64"),
+                      ProfileLibrary(profiles), interval=60, restart_delay=30)
+    for record in result.records:
+        if record.spec.application == "ncf":
+            assert record.state == "failed"
+            assert "['a100']" in record.failure and "profiles" in record.failure
+        else:
+            assert record.state == "finished"
 
 
 def test_sim_knobs_tune_shoal_and_bad_knobs_are_named(tmp_path, pollux_data):

@@ -120,6 +120,20 @@ class SimBackend:
                 f"profiled: {app.device_types}",
                 field="device_types",
             )
+        # A type the job may run on but its profiles do not measure cannot be simulated.
+        usable = [t for t in self._state.device_types
+                  if not spec.device_types or t in spec.device_types]
+        unprofiled = [t for t in usable if t not in app.device_types]
+        if unprofiled:
+            if spec.device_types:
+                raise SpecError(
+                    f"no profile of '{app.name}' for device types {unprofiled} in "
+                    f"{self.profiles.root}; profiled: {app.device_types}; remove them",
+                    field="device_types")
+            raise SpecError(
+                f"the cluster's device types {unprofiled} have no profile of '{app.name}' in "
+                f"{self.profiles.root} (profiled: {app.device_types}); use profiles that "
+                "measure them, or name the job's device_types", field="profiles")
         if spec.target_epochs and spec.target_epochs > app.available_epochs:
             raise SpecError(
                 f"{app.name} has {app.available_epochs} profiled epochs, "

@@ -16,6 +16,13 @@ def shared_data_dir() -> Path:
     return Path(env) if env else _REPO_ROOT.parent / "shared" / "data"
 
 
+def profile_dirs() -> list[Path]:
+    """The profile directories at hand: the shared T4 traces, then the project's own sets."""
+    shared = shared_data_dir() / "pollux" / "traces"
+    own = sorted(p for p in (_REPO_ROOT / "data").glob("profiles-*") if p.is_dir())
+    return ([shared] if shared.is_dir() else []) + own
+
+
 def default_profiles() -> Path:
     env = os.environ.get("SHOAL_PROFILES")
     path = Path(env) if env else shared_data_dir() / "pollux" / "traces"

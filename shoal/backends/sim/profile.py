@@ -255,6 +255,17 @@ class ProfileLibrary:
     def names(self) -> list[str]:
         return sorted(p.name for p in self.root.iterdir() if p.is_dir())
 
+    def measured_device_types(self) -> set[str]:
+        """The device types some application here has a profile for (from the file names)."""
+        types: set[str] = set()
+        for name in self.names():
+            app_dir = self.root / name
+            if (app_dir / "placements.csv").exists():
+                types.add(BASE_DEVICE_TYPE)
+            types.update(p.stem.removeprefix("placements-")
+                         for p in app_dir.glob("placements-*.csv"))
+        return types
+
     def get(self, name: str) -> ApplicationProfile:
         app = self._apps.get(name)
         if app is None:

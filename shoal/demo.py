@@ -22,6 +22,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from shoal.cli.console import output_console
 from shoal.cli.views import cluster_line, jobs_table
 from shoal.policy.registry import POLICIES, tuned_policy
 from shoal.service import replay, report
@@ -97,7 +98,7 @@ def profiled_examples() -> list[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console()
+    console = output_console()
     files = args.jobs or profiled_examples()
     if not files:
         console.print("[red]no job files found under examples/[/]")

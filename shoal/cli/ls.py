@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import click
-from rich.console import Console
 
 from shoal.cli.client import Client, home_option
+from shoal.cli.console import output_console
 from shoal.cli.views import jobs_table
 
 
@@ -23,4 +23,4 @@ def ls_command(home: str | None, as_json: bool) -> None:
     if not jobs:
         click.echo("no jobs; submit one with `shoal submit JOB.yaml`")
         return
-    Console().print(jobs_table(jobs))
+    output_console().print(jobs_table(jobs))

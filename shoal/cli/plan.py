@@ -9,10 +9,10 @@ import sys
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
-from shoal.perf.models import parse_gpt_spec
+from shoal.cli.console import output_console
+from shoal.perf.catalog import model_names, parse_model
 from shoal.perf.parallel import (
     GIB,
     KNOWN_DEVICES,
@@ -91,7 +91,10 @@ def _table(result: PlanSearchResult, top: int, title: str) -> Table:
 
 
 @click.command("plan")
-@click.option("--model", "model_spec", help="gpt:layers=..,hidden=..,heads=..,seq=..,vocab=..")
+@click.option("--model", "model_spec",
+              help="a named model (" + ", ".join(model_names()) + "), optionally with "
+                   "overrides such as llama-7b:seq=4096, or "
+                   "gpt:layers=..,hidden=..,heads=..,seq=..,vocab=..")
 @click.option("--module", "module_spec",
               help="pkg.mod:factory returning (module, make_inputs); measured under "
                    "FakeTensorMode, planned with data parallelism only")
@@ -117,7 +120,7 @@ def plan_command(model_spec: str | None, module_spec: str | None, devices: str,
             raise SpecError(f"{count} devices do not fill nodes of {per_node}",
                             field="devices_per_node")
         if model_spec is not None:
-            model = parse_gpt_spec(model_spec)
+            model = parse_model(model_spec)
             result = search_plans(model, known_device(device_name), count, per_node,
                                   global_batch)
             title = (f"{model.num_parameters() / 1e9:.2f}B-parameter GPT on {count} x "
@@ -138,7 +141,7 @@ def plan_command(model_spec: str | None, module_spec: str | None, devices: str,
     if json_out:
         with open(json_out, "w") as handle:
             json.dump(payload, handle, indent=2)
-    console = Console()
+    console = output_console()
     if not result.plans:
         console.print(f"[red]no plan fits[/red] ({len(result.rejected)} rejected); e.g.:")
         for rejection in result.rejected[:5]:

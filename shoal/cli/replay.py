@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from shoal.cli.client import Client, home_option
+from shoal.cli.console import output_console
 from shoal.policy.registry import is_shoal, select_policies
 from shoal.service.replay import MeasuredRun, compare, export_run, simulate_run
 from shoal.spec.errors import SpecError
@@ -92,4 +92,4 @@ def _print(measured: MeasuredRun, results: dict[str, dict], knobs: dict[str, obj
                 for r in results.values()]
     real = measured.real_jct.values()
     table.add_row("[bold]average[/]", f"{sum(real) / max(len(real), 1):.1f}", *averages)
-    Console().print(table)
+    output_console().print(table)

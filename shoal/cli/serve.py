@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
+from shoal.cli.console import output_console
 from shoal.serve.evaluate import POLICIES, ServeSimConfig, build_problem, run_policy
 from shoal.spec.errors import SpecError
 
@@ -64,7 +64,7 @@ def serve_sim_command(trace: str, models: int, devices: str, slo_scale: float, c
         s = res["summary"]
         table.add_row(name, f"{100 * s['slo_attainment']:.2f}%", f"{s['p50_latency_s']:.3f}",
                       f"{s['p99_latency_s']:.3f}", f"{s['throughput_rps']:.2f}", str(s["devices"]))
-    Console().print(table)
+    output_console().print(table)
     if json_out:
         payload = {"config": {**config.__dict__, "mix": list(config.mix)},
                    "policies": {n: {k: v for k, v in r.items() if k != "latency_s"}
@@ -110,7 +110,7 @@ def loadgen_command(url: str, trace: str, duration_s: float, rate_scale: float, 
                   f"{100 * s['slo_attainment']:.2f}%", f"{1000 * s['p50_latency_s']:.1f}",
                   f"{1000 * s['p99_latency_s']:.1f}", str(s["rejected_503"]), str(s["errors"]),
                   f"{s['mean_batch_size']:.2f}", f"{1000 * s['p99_send_lag_s']:.1f}")
-    Console().print(table)
+    output_console().print(table)
     if json_out:
         payload = {"url": url, "trace": trace, "duration_s": duration_s,
                    "rate_scale": rate_scale, "slo_s": slo_s, **result.as_json()}

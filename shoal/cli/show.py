@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shoal.cli.client import Client, home_option
+from shoal.cli.console import output_console
 from shoal.perf.planned import describe_plan
 
 
@@ -28,7 +29,7 @@ def show_command(home: str | None, job: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
-    console = Console()
+    console = output_console()
     if data.get("kind", "train") != "train":
         _show_service(console, data)
         return

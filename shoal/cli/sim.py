@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from shoal.cli.console import output_console
 from shoal.perf.planned import PLAN_MODES
 from shoal.policy.registry import POLICIES
 from shoal.spec.cluster import ClusterSpec, preset_names
@@ -151,9 +151,7 @@ def sim_command(workload, policy, cluster, profiles, json_out, plot_out, seed, i
     from shoal.spec import load_cluster, load_workload_csv
 
     to_stdout = json_out == Path("-")
-    console = Console(stderr=to_stdout)
-    if not console.is_terminal:
-        console = Console(stderr=to_stdout, width=160)
+    console = output_console(stderr=to_stdout)
     try:
         policies, overrides = select_policies(policy, knobs)
         cluster_spec = load_cluster(cluster)

@@ -21,6 +21,7 @@ from dataclasses import replace
 
 from shoal.perf.models import GPTConfig, parse_gpt_spec
 from shoal.spec.errors import SpecError
+from shoal.spec.suggest import did_you_mean
 
 NAMED_MODELS: dict[str, GPTConfig] = {
     # GPT-3 sizes (Brown et al. 2020, Table 2.1); OPT uses the same shapes.
@@ -71,7 +72,8 @@ def _parse_model(text: str) -> GPTConfig:
     base = NAMED_MODELS.get(name)
     if base is None:
         raise SpecError(
-            f"unknown model {name!r}; write 'gpt:layers=..,hidden=..,heads=..,seq=..,vocab=..' "
+            f"unknown model {name!r}{did_you_mean(name, NAMED_MODELS)}; write "
+            "'gpt:layers=..,hidden=..,heads=..,seq=..,vocab=..' "
             f"or use one of: {', '.join(NAMED_MODELS)}",
             field="model",
         )

@@ -59,3 +59,17 @@ def test_module_factory_is_measured_and_planned() -> None:
     # fp32 weights, gradients and two Adam moments, plus activations.
     assert plans[0]["memory_breakdown"]["params"] == 4 * params
     assert plans[0]["memory_bytes"] > 16 * params / 2
+
+
+def test_named_models_plan_as_in_a_job_spec() -> None:
+    """`--model` takes the names a job spec takes: llama-7b and its overrides plan as the same
+    architecture written out, and a misspelled name gets the closest one."""
+    runner = CliRunner()
+    args = ["--devices", "8xa100-80g", "--global-batch", "64", "--json", "-", "--top", "3"]
+    named = runner.invoke(plan_command, ["--model", "llama-7b:seq=4096", *args])
+    written = runner.invoke(plan_command, [
+        "--model", "gpt:layers=32,hidden=4096,heads=32,seq=4096,vocab=32000", *args])
+    assert named.exit_code == 0 and written.exit_code == 0, named.output + written.output
+    assert json.loads(named.output)["plans"] == json.loads(written.output)["plans"]
+    typo = runner.invoke(plan_command, ["--model", "lama-7b", *args])
+    assert typo.exit_code == 2 and "did you mean 'llama-7b'" in typo.output

@@ -58,7 +58,7 @@ the first step; the simulator reports its modelled 30 s, so a move there is char
 damps reallocations when jobs swap ranks. A preemption is not charged by default: the
 no-allocation utility of a running job is the same as a waiting job's (``charge_preemption``
 multiplies it by the job's restart factor too, since a preempted job pays the restart when it
-resumes; docs/scheduling.md has why it stays off). And the policy asks to decide when a job
+resumes; docs/comparisons.md measures why it stays off). And the policy asks to decide when a job
 arrives, not only at the next round (``on_arrival``), since one decision takes milliseconds.
 
 Subject to: at most one configuration per job, per type the replicas and the whole nodes of

@@ -2,7 +2,7 @@
 plus shoal's refinement moves) against selective replication and periodic re-placement, swept
 over cluster size, SLO scale and arrival burstiness. Prints tables, writes JSON and PNG plots.
 
-    .venv/bin/python bench/serve_placement.py            # 5 minutes of trace (~25 min, 2 cores)
+    .venv/bin/python bench/serve_placement.py            # 5 minutes of trace (~9 min, 2 cores)
     .venv/bin/python bench/serve_placement.py --devices 40,44,48,52,56 --sweeps devices
     .venv/bin/python bench/serve_placement.py --seed 1 --devices 44,48,52,56 --sweeps devices \
         --out bench/results/serve_placement_seed1.json --plots /tmp/plots

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 import sys
 from typing import Any
@@ -41,6 +42,10 @@ def load_factory(spec: str) -> Any:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise SpecError(f"expected pkg.mod:factory, got {spec!r}", field="module")
+    # As `python -m` does, modules in the current directory are importable (the console script
+    # alone would not put it on the path).
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -97,7 +102,7 @@ def _table(result: PlanSearchResult, top: int, title: str) -> Table:
                    "gpt:layers=..,hidden=..,heads=..,seq=..,vocab=..")
 @click.option("--module", "module_spec",
               help="pkg.mod:factory returning (module, make_inputs); measured under "
-                   "FakeTensorMode, planned with data parallelism only")
+                   "FakeTensorMode, planned with data parallelism, ZeRO and offload only")
 @click.option("--devices", required=True, help="COUNTxTYPE, e.g. 8xa100-80g")
 @click.option("--devices-per-node", type=int, default=None,
               help="devices in one node (default: min(COUNT, 8))")

@@ -53,7 +53,7 @@ def emulated_speed(environ: Mapping[str, str] = os.environ) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--source", required=True, help="the stream source's URL")
     parser.add_argument("--samples-per-second", type=float, required=True)
     parser.add_argument("--batch", type=int, default=64, help="most samples taken at once")

@@ -73,3 +73,21 @@ def test_named_models_plan_as_in_a_job_spec() -> None:
     assert json.loads(named.output)["plans"] == json.loads(written.output)["plans"]
     typo = runner.invoke(plan_command, ["--model", "lama-7b", *args])
     assert typo.exit_code == 2 and "did you mean 'llama-7b'" in typo.output
+
+
+def test_module_factories_import_from_the_current_directory(tmp_path) -> None:
+    """The `shoal` console script finds `--module` in the directory it runs in, as `python -m`
+    would; the console script alone does not put that directory on the import path."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    shutil.copy(here / "tiny_module.py", tmp_path / "my_factory.py")
+    script = Path(sys.executable).parent / "shoal"
+    run = subprocess.run([str(script), "plan", "--module", "my_factory:factory", "--devices",
+                          "2xt4-16g", "--global-batch", "64", "--json", "-"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["plans"][0]["dp"] == 2

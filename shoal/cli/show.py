@@ -47,7 +47,7 @@ def show_command(home: str | None, job: str, as_json: bool) -> None:
         ("ETA", "-" if eta is None else f"{eta:.0f} s"),
         ("goodput", f"{data['goodput']:.1f} samples/s" if data.get("goodput") else "-"),
         ("noise scale", f"{data['noise_scale']:.0f}" if data.get("noise_scale") else "-"),
-        ("restarts", f"{data['num_restarts']} (resizes {data.get('resizes', 0)})"),
+        ("restarts", _restarts(data)),
         ("restart cost", "-" if data.get("restart_seconds") is None
          else f"{data['restart_seconds']:.1f} s per restart (measured)"),
         ("device-seconds", f"{data['device_seconds']:.0f}"),
@@ -71,6 +71,13 @@ def show_command(home: str | None, job: str, as_json: bool) -> None:
                           str(row["accum_steps"]), f"{row['step_time']:.4f}",
                           f"{row['sync_time']:.4f}", str(row["count"]))
         console.print(table)
+
+
+def _restarts(data: dict) -> str:
+    """Restarts the scheduler made, and apart from them the crash retries, which it did not."""
+    retries = sum(1 for run in data.get("run_details") or [] if run.get("kind") == "retry")
+    extra = f", crash retries {retries}" if retries else ""
+    return f"{data['num_restarts']} (resizes {data.get('resizes', 0)}{extra})"
 
 
 def _history(console: Console, data: dict) -> None:

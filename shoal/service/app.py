@@ -27,6 +27,10 @@ def _spec_error(exc: SpecError, status: int = 422) -> JSONResponse:
     )
 
 
+# Log offsets are byte positions; past this, seek() itself fails (a bad client value).
+MAX_LOG_OFFSET = 2**62
+
+
 def _parse_body(body: bytes, content_type: str) -> Any:
     """A job spec from JSON or YAML (YAML is a superset, but JSON errors read better)."""
     text = body.decode("utf-8", errors="replace")
@@ -101,7 +105,8 @@ def create_app(runner: Runner) -> FastAPI:
             raise HTTPException(404, f"no active job named '{name}'") from None
 
     @app.get("/api/jobs/{name}/logs", response_class=PlainTextResponse)
-    def logs(name: str, rank: int = 0, offset: int = 0) -> PlainTextResponse:
+    def logs(name: str, rank: int = Query(0, ge=0),
+             offset: int = Query(0, ge=0, le=MAX_LOG_OFFSET)) -> PlainTextResponse:
         """Log text of one replica from byte ``offset``; header X-Next-Offset: where next."""
         try:
             path = runner.log_path(name, rank)

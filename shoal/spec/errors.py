@@ -35,6 +35,12 @@ def _location(loc: tuple) -> str:
     return "".join(parts)
 
 
+def _shown(value: object, limit: int = 80) -> str:
+    """The offending value as the message quotes it, cut short if long."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def _model_in(annotation: object) -> type[BaseModel] | None:
     """The pydantic model a field holds, looking inside Optional, list and tuple."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
@@ -87,7 +93,7 @@ def from_validation_error(exc: ValidationError, source: str | None = None,
         field = _location(tuple(err.get("loc", ()))) or "(root)"
         first_field = first_field or field
         got = err.get("input")
-        hint = f" (got {got!r})" if not isinstance(got, dict | list) else ""
+        hint = f" (got {_shown(got)})" if not isinstance(got, dict | list) else ""
         lines.append(f"field '{field}': {err['msg']}{hint}{_fix(err, model)}")
     message = "; ".join(lines)
     error = SpecError(message, field=None, source=source)

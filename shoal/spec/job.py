@@ -13,6 +13,11 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from shoal.spec.errors import SpecError, from_validation_error
 from shoal.spec.serving import ServeSpec, StreamSpec, check_job_kind, fill_service_defaults
 
+# Bounds that only catch typos and unit mistakes (a batch of 1e12, a job of a billion
+# devices): far above any real job, low enough that no arithmetic on them overflows.
+MAX_BATCH = 2**31 - 1
+MAX_REPLICAS = 2**20
+
 
 class JobSpec(BaseModel):
     """One training job.
@@ -28,19 +33,22 @@ class JobSpec(BaseModel):
     kind: Literal["train", "serve", "stream"] = Field(
         default="train", description="train: runs to completion; serve / stream: a service "
         "sized by its demand, described by the section of the same name")
-    tenant: str = Field(default="default", min_length=1)
-    weight: float = Field(default=1.0, gt=0, description="share weight of this job's tenant")
-    application: str = Field(min_length=1, description="profile or model name, e.g. cifar10")
+    tenant: str = Field(default="default", min_length=1, max_length=128)
+    weight: float = Field(default=1.0, gt=0, allow_inf_nan=False,
+                          description="share weight of this job's tenant")
+    application: str = Field(min_length=1, max_length=256,
+                             description="profile or model name, e.g. cifar10")
     submit_time: float = Field(default=0.0, ge=0, description="seconds after the trace start")
     target_epochs: int | None = Field(default=None, ge=1)
-    batch_size: int | None = Field(default=None, ge=1, description="user's global batch size")
+    batch_size: int | None = Field(default=None, ge=1, le=MAX_BATCH,
+                                   description="user's global batch size")
     max_batch_size: int | None = Field(
-        default=None, ge=1,
+        default=None, ge=1, le=MAX_BATCH,
         description="largest global batch the scheduler may choose (default: batch_size, "
         "unless the training script states a larger bound)",
     )
     max_local_bsz: int | None = Field(
-        default=None, ge=1,
+        default=None, ge=1, le=MAX_BATCH,
         description="largest batch one replica processes at once (device memory); a larger "
         "per-replica share is split into gradient-accumulation micro-steps",
     )
@@ -49,9 +57,9 @@ class JobSpec(BaseModel):
         description="directory the command runs in; a relative path is taken from the "
         "directory the job was submitted from",
     )
-    num_replicas: int = Field(default=1, ge=1, description="user's device count")
-    min_replicas: int = Field(default=0, ge=0)
-    max_replicas: int | None = Field(default=None, ge=1)
+    num_replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS, description="user's device count")
+    min_replicas: int = Field(default=0, ge=0, le=MAX_REPLICAS)
+    max_replicas: int | None = Field(default=None, ge=1, le=MAX_REPLICAS)
     adaptive_batch: bool = Field(default=True, description="the scheduler may tune batch size")
     rigid: bool = Field(default=False, description="runs only at exactly num_replicas devices")
     preemptible: bool = Field(default=True, description="may be stopped once started")

@@ -9,8 +9,10 @@ import signal
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from shoal.backends.local.job import restart_losses
+from shoal.cli.main import cli
 from tests.service.helpers import Service, all_done, job_yaml, running_service, wait_until
 
 pytestmark = pytest.mark.slow
@@ -89,6 +91,9 @@ def test_killed_replica_resumes_from_checkpoint(service: Service) -> None:
     assert job["attempt"] >= 2 and job["crashes"] == 0
     log = service.log_text("crashy")
     assert "attempt 2" in log and "restored at step" in log
+    # The retry is the job's own restart, not a resize: `shoal show` counts it apart.
+    shown = CliRunner().invoke(cli, ["show", "crashy", "--home", str(service.home)])
+    assert shown.exit_code == 0 and "crash retries 1" in shown.output, shown.output
     done = json.loads((checkpoint.parent / "done.json").read_text())
     assert done["pid"] != pid
 

@@ -57,6 +57,39 @@ def test_api_rejects_malformed_specs_naming_the_field(service: Service) -> None:
     assert after == before
 
 
+def test_absurd_values_and_log_offsets_are_refused_not_stored_or_crashed(
+        service: Service) -> None:
+    """Values far past any real job (a typo or a unit mistake) get a 422 naming the field,
+    never a 201; a bad log offset gets a 422, not a server error."""
+    keeper = {"name": "absurd-keeper", "application": "x",
+              "command": ["python", "-c", "import time; time.sleep(30)"]}
+    assert service.http.post(f"{service.url}/api/jobs", json=keeper).status_code == 201
+    before = [j["name"] for j in service.jobs()]
+    base = {"name": "absurd", "application": "x", "command": ["python", "-c", "pass"]}
+    for field, value in [("batch_size", 10**12), ("max_replicas", 10**9),
+                         ("tenant", "t" * 1000)]:
+        response = service.http.post(f"{service.url}/api/jobs", json={**base, field: value})
+        assert response.status_code == 422, (field, response.text)
+        assert response.json()["detail"]["field"] == field
+        assert len(response.json()["detail"]["message"]) < 500
+    # JSON's Infinity, as Python and JavaScript clients write it.
+    infinite = '{"name": "absurd", "application": "x", "weight": Infinity}'
+    response = service.http.post(f"{service.url}/api/jobs", content=infinite,
+                                 headers={"content-type": "application/json"})
+    assert response.status_code == 422 and response.json()["detail"]["field"] == "weight"
+    assert [j["name"] for j in service.jobs()] == before
+
+    name = keeper["name"]
+    for offset in (-5, 10**20):
+        response = service.http.get(f"{service.url}/api/jobs/{name}/logs",
+                                    params={"offset": offset})
+        assert response.status_code == 422, (offset, response.text)
+    assert service.http.get(f"{service.url}/api/jobs/{name}/logs",
+                            params={"rank": -1}).status_code == 422
+    assert service.http.get(f"{service.url}/api/jobs/{name}/logs",
+                            params={"offset": 10**9}).status_code == 200
+
+
 def test_cli_rejects_malformed_yaml_naming_the_field(service: Service, tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(job_yaml("cli-bad").replace("max_replicas: 2", "max_replicas: zero"))

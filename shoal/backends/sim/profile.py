@@ -157,11 +157,8 @@ class ApplicationProfile:
         self.validation = dict(sorted(self.validation.items()))
         self.batch_sizes = list(self.validation)
         self.devices: dict[str, DeviceProfile] = {}
-        if (app_dir / "placements.csv").exists():
-            self.devices[BASE_DEVICE_TYPE] = _load_device_profile(app_dir, "")
-        for path in sorted(app_dir.glob("placements-*.csv")):
-            dtype = path.stem.removeprefix("placements-")
-            self.devices[dtype] = _load_device_profile(app_dir, f"-{dtype}")
+        for dtype, suffix in _profile_files(app_dir):
+            self.devices[dtype] = _load_device_profile(app_dir, suffix)
         if not self.devices:
             raise SpecError("no placements.csv or placements-<type>.csv", source=str(app_dir))
         lows, highs = zip(*(d.local_bsz_range for d in self.devices.values()), strict=True)
@@ -239,6 +236,16 @@ def optimizer_step_time(step: float, sync: float, accum_steps: int) -> float:
     return step + (step - sync) * accum_steps
 
 
+def _profile_files(app_dir: Path) -> list[tuple[str, str]]:
+    """(device type, file suffix) of each profile in an application's directory: the
+    unsuffixed ``placements.csv`` is the T4 profile, ``placements-<type>.csv`` another type's."""
+    found = [(BASE_DEVICE_TYPE, "")] if (app_dir / "placements.csv").exists() else []
+    for path in sorted(app_dir.glob("placements-*.csv")):
+        dtype = path.stem.removeprefix("placements-")
+        found.append((dtype, f"-{dtype}"))
+    return found
+
+
 class ProfileLibrary:
     """All applications in a profile directory, loaded on first use."""
 
@@ -256,15 +263,9 @@ class ProfileLibrary:
         return sorted(p.name for p in self.root.iterdir() if p.is_dir())
 
     def measured_device_types(self) -> set[str]:
-        """The device types some application here has a profile for (from the file names)."""
-        types: set[str] = set()
-        for name in self.names():
-            app_dir = self.root / name
-            if (app_dir / "placements.csv").exists():
-                types.add(BASE_DEVICE_TYPE)
-            types.update(p.stem.removeprefix("placements-")
-                         for p in app_dir.glob("placements-*.csv"))
-        return types
+        """The device types some application here has a profile for (from the file names,
+        without loading the profiles)."""
+        return {dtype for name in self.names() for dtype, _ in _profile_files(self.root / name)}
 
     def get(self, name: str) -> ApplicationProfile:
         app = self._apps.get(name)
